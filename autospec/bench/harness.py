@@ -1,0 +1,266 @@
+"""`autospec bench`: every method on every prompt, interleaved, measured in one run.
+
+For each repeat, for each prompt, every method runs back to back (the order rotates from
+prompt to prompt), so drift in machine speed hits all methods alike. Figures are ratios
+within the run: tokens/s is the median over repeats of (tokens / wall seconds) per category.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from autospec.bench.methods import DERIVED, RunResult, make_runner
+from autospec.engine.loop import Engine
+
+OVERALL = "overall"
+
+
+@dataclass
+class Prompt:
+    id: str
+    prompt: str
+    category: str
+    max_new_tokens: int | None = None
+
+
+def load_prompts(path: Path) -> list[Prompt]:
+    """Read a workload JSONL; each error names the file, the line and the field."""
+    prompts = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"cannot read prompts '{path}': {exc.strerror}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: expected an object")
+        for key in ("id", "prompt", "category"):
+            if not isinstance(row.get(key), str) or not row[key]:
+                raise ValueError(f"{path}:{n}: field '{key}' must be a non-empty string")
+        limit = row.get("max_new_tokens")
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"{path}:{n}: field 'max_new_tokens' must be a positive integer")
+        prompts.append(Prompt(row["id"], row["prompt"], row["category"], limit))
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+@dataclass
+class Cell:
+    """What one method did on one category in one repeat."""
+    tokens: int = 0
+    wall_s: float = 0.0
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+    def add(self, r: RunResult) -> None:
+        self.tokens += len(r.token_ids)
+        self.wall_s += r.wall_s
+        self.proposed += r.proposed
+        self.accepted += r.accepted
+        self.steps += r.steps
+
+
+@dataclass
+class Measurements:
+    # cells[method][category][repeat]
+    cells: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(Cell))))
+    outputs: dict = field(default_factory=lambda: defaultdict(dict))  # method -> prompt id -> ids
+    identical: dict = field(default_factory=lambda: defaultdict(lambda: True))
+    steps: dict = field(default_factory=lambda: defaultdict(list))  # method -> (category, StepRecord)
+
+
+def run_bench(engine: Engine, prompts: list[Prompt], methods: list[str], repeats: int = 1,
+              max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
+              progress: Callable[[str], None] | None = None) -> dict:
+    measured = [m for m in methods if m not in DERIVED]
+    runners = {m: make_runner(m, engine) for m in measured}
+    tok = engine.models.tokenizer
+    encoded = {p.id: engine.encode(p.prompt) for p in prompts}
+    limit = engine.models.max_positions
+    for p in prompts:
+        if len(encoded[p.id]) + (p.max_new_tokens or max_new_tokens) > limit:
+            raise ValueError(f"prompt '{p.id}' has {len(encoded[p.id])} tokens; with "
+                             f"{p.max_new_tokens or max_new_tokens} new tokens it exceeds the "
+                             f"target's {limit} positions")
+    # warm-up: first calls pay one-off costs (lazy init, allocator) that are not decoding
+    for m in measured:
+        runners[m](encoded[prompts[0].id], 8, temperature, seed, None)
+    data = Measurements()
+    total = repeats * len(prompts)
+    for r in range(repeats):
+        for i, p in enumerate(prompts):
+            limit = p.max_new_tokens or max_new_tokens
+            order = measured[i % len(measured):] + measured[:i % len(measured)]
+            for m in order:
+                result = runners[m](encoded[p.id], limit, temperature, seed, p.category)
+                data.cells[m][p.category][r].add(result)
+                if r == 0:
+                    data.outputs[m][p.id] = result.token_ids
+                    if result.step_records:
+                        data.steps[m].extend((p.category, s) for s in result.step_records)
+            if progress:
+                progress(f"repeat {r + 1}/{repeats}, prompt {r * len(prompts) + i + 1}/{total}: {p.id}")
+    categories = sorted({p.category for p in prompts})
+    report = {"methods": {}, "measured": measure_costs(data, engine),
+              "models": _models(engine), "machine": _machine(),
+              "settings": {"repeats": repeats, "max_new_tokens": max_new_tokens,
+                           "temperature": temperature, "seed": seed, "prompts": len(prompts),
+                           "categories": categories}}
+    greedy = temperature == 0
+    for m in measured:
+        same = all(data.outputs[m][p.id] == data.outputs["plain"][p.id] for p in prompts) if greedy else None
+        report["methods"][m] = _stats_for(data.cells[m], categories, repeats, same)
+    _add_speedups(report, categories)
+    for m in methods:
+        if m in DERIVED:
+            report["methods"][m] = _oracle(report, data, categories, repeats, per_category=m != "oracle")
+    _add_speedups(report, categories)
+    report["sample_outputs"] = {p.id: tok.decode(data.outputs["plain"][p.id]) for p in prompts[:3]}
+    return report
+
+
+def _stats(cells: list[Cell], same: bool | None) -> dict:
+    rates = [c.tokens / c.wall_s for c in cells if c.wall_s > 0]
+    tokens = sum(c.tokens for c in cells)
+    proposed = sum(c.proposed for c in cells)
+    steps = sum(c.steps for c in cells)
+    return {
+        "tokens_per_s": statistics.median(rates) if rates else 0.0,
+        "wall_s": statistics.median(c.wall_s for c in cells),
+        "tokens": tokens // max(1, len(cells)),
+        "acceptance_rate": sum(c.accepted for c in cells) / proposed if proposed else None,
+        "mean_accepted_length": tokens / steps if steps else None,
+        "identical_to_plain": same,
+        "speedup_vs_plain": None,
+    }
+
+
+def _merge(cells: list[Cell]) -> Cell:
+    out = Cell()
+    for c in cells:
+        out.tokens += c.tokens
+        out.wall_s += c.wall_s
+        out.proposed += c.proposed
+        out.accepted += c.accepted
+        out.steps += c.steps
+    return out
+
+
+def _stats_for(by_category: dict, categories: list[str], repeats: int, same) -> dict:
+    per_cat = {c: _stats([by_category[c][r] for r in range(repeats)], same) for c in categories}
+    overall = [_merge([by_category[c][r] for c in categories]) for r in range(repeats)]
+    return {OVERALL: _stats(overall, same), "by_category": per_cat}
+
+
+def _add_speedups(report: dict, categories: list[str]) -> None:
+    plain = report["methods"]["plain"]
+    for stats in report["methods"].values():
+        stats[OVERALL]["speedup_vs_plain"] = _ratio(stats[OVERALL], plain[OVERALL])
+        for c in categories:
+            stats["by_category"][c]["speedup_vs_plain"] = _ratio(
+                stats["by_category"][c], plain["by_category"][c])
+
+
+def _ratio(a: dict, b: dict) -> float | None:
+    return a["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else None
+
+
+def _oracle(report: dict, data: Measurements, categories: list[str], repeats: int,
+            per_category: bool) -> dict:
+    """The best static method in hindsight: one for all prompts, or one per category."""
+    statics = [m for m in report["methods"] if m.startswith("static:")]
+    if not statics:
+        raise ValueError("oracle needs at least one static:DRAFTER:K method in the run")
+    methods = report["methods"]
+    if not per_category:
+        best = max(statics, key=lambda m: methods[m][OVERALL]["tokens_per_s"])
+        return {**json.loads(json.dumps(methods[best])), "picked": best}
+    picks = {c: max(statics, key=lambda m: methods[m]["by_category"][c]["tokens_per_s"])
+             for c in categories}
+    overall = [_merge([data.cells[picks[c]][c][r] for c in categories]) for r in range(repeats)]
+    same = all(methods[picks[c]][OVERALL]["identical_to_plain"] is not False for c in categories)
+    return {OVERALL: {**_stats(overall, same), "picked": picks},
+            "by_category": {c: {**methods[picks[c]]["by_category"][c], "picked": picks[c]}
+                            for c in categories},
+            "picked": picks}
+
+
+def measure_costs(data: Measurements, engine: Engine) -> dict:
+    """alpha per drafter and position, c per drafter, v(K), from our own runs' step records."""
+    plain_steps = [s for _, s in data.steps.get("plain", [])]
+    t1 = statistics.median(s.verify_seconds for s in plain_steps) if plain_steps else None
+    verify_by_tokens: dict[int, list[float]] = defaultdict(list)
+    draft_per_token: dict[str, list[float]] = defaultdict(list)
+    alpha: dict[str, dict] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for method, steps in data.steps.items():
+        for category, s in steps:
+            verify_by_tokens[s.verify_tokens].append(s.verify_seconds)
+            if s.proposed:
+                draft_per_token[s.drafter].append(s.draft_seconds / s.proposed)
+                for j in range(s.proposed):
+                    cell = alpha[s.drafter][(category, j)]
+                    cell[0] += j < s.accepted
+                    cell[1] += 1
+    out = {"target_step_seconds": t1, "v": {}, "c": {}, "alpha": {}}
+    if t1:
+        out["v"] = {str(n - 1): statistics.median(v) / t1 for n, v in sorted(verify_by_tokens.items())}
+        out["c"] = {d: statistics.median(v) / t1 for d, v in sorted(draft_per_token.items())}
+    for drafter, cells in alpha.items():
+        per_cat: dict[str, list] = defaultdict(list)
+        for (category, j), (kept, tried) in sorted(cells.items(), key=lambda kv: kv[0][1]):
+            per_cat[category].append(round(kept / tried, 4))
+        out["alpha"][drafter] = dict(per_cat)
+    return out
+
+
+def _models(engine: Engine) -> dict:
+    m = engine.models
+    return {"target": m.target_name, "draft": m.draft_name,
+            "target_params": sum(p.numel() for p in m.target.parameters()),
+            "draft_params": sum(p.numel() for p in m.draft.parameters()) if m.draft else None,
+            "dtype": str(next(m.target.parameters()).dtype).replace("torch.", ""),
+            "exit_layer": m.default_exit_layer}
+
+
+def _machine() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "cuda": torch.cuda.is_available()}
+
+
+def format_table(report: dict) -> str:
+    """Markdown: tokens/s and speedup per category and overall, identical_to_plain."""
+    cats = report["settings"]["categories"]
+    head = "| method | " + " | ".join(f"{c} tok/s (x plain)" for c in cats) + \
+           " | overall tok/s (x plain) | accept | identical |"
+    lines = [head, "|" + "---|" * (len(cats) + 4)]
+    for name, stats in report["methods"].items():
+        cells = [_fmt(stats["by_category"][c]) for c in cats] + [_fmt(stats[OVERALL])]
+        acc = stats[OVERALL].get("acceptance_rate")
+        same = stats[OVERALL].get("identical_to_plain")
+        picked = stats.get("picked")
+        label = f"{name} ({picked})" if isinstance(picked, str) else name
+        lines.append(f"| {label} | " + " | ".join(cells) +
+                     f" | {'' if acc is None else f'{acc:.2f}'} | {'' if same is None else same} |")
+    return "\n".join(lines)
+
+
+def _fmt(s: dict) -> str:
+    sp = s.get("speedup_vs_plain")
+    return f"{s['tokens_per_s']:.1f} ({sp:.2f}x)" if sp else f"{s['tokens_per_s']:.1f}"

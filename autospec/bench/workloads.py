@@ -1,0 +1,107 @@
+"""Build the shipped workloads (configs/workloads/*.jsonl) from held-out standard-library files.
+
+    python -m autospec.bench.workloads [--out configs/workloads]
+
+Only files the models never trained on (corpus.is_heldout) are used; the output is
+deterministic for a given Python version. Categories, and who should win them:
+- copy-heavy: a function, then its first lines again (a re-statement or an edit in progress);
+  the continuation repeats text already in the prompt -> prompt lookup (ngram) should win.
+- completion: 30 lines from the middle of a held-out module, continue the code -> a draft
+  model or early exit should win.
+- prose: the first part of a long docstring or comment block (English text, little
+  repetition) -> drafting pays least; plain decoding may be best.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import textwrap
+from pathlib import Path
+
+from autospec.models.corpus import default_corpus_dir, iter_sources, split
+from autospec.models.evaluate import functions_of
+
+PER_CATEGORY = 8
+MAX_PROMPT_CHARS = 1600
+
+
+def copy_heavy(files, count: int) -> list[dict]:
+    rows = []
+    for i, fn in enumerate(f for f in functions_of(files, 10, 30) if len(f) < MAX_PROMPT_CHARS // 2):
+        if i % 5:  # spread the picks over the held-out files
+            continue
+        lines = fn.splitlines()
+        if i % 2:
+            # an edit in progress: the same function again under a new name
+            name = lines[0].split("def ", 1)[1].split("(", 1)[0]
+            head = lines[0].replace(f"def {name}(", f"def {name}_v2(", 1)
+            prompt = f"{fn}\n\n\n{head}\n" + "\n".join(lines[1:2]) + "\n"
+        else:
+            prompt = f"{fn}\n\n\n" + "\n".join(lines[:2]) + "\n"
+        rows.append({"prompt": prompt})
+        if len(rows) == count:
+            break
+    return rows
+
+
+def completion(files, count: int, lines: int = 30) -> list[dict]:
+    rows = []
+    for f in files:
+        text_lines = f.text.splitlines()
+        if len(text_lines) < 200:
+            continue
+        mid = len(text_lines) // 3
+        prompt = "\n".join(text_lines[mid:mid + lines]) + "\n"
+        if len(prompt) < MAX_PROMPT_CHARS:
+            rows.append({"prompt": prompt})
+        if len(rows) == count:
+            break
+    return rows
+
+
+def prose(files, count: int) -> list[dict]:
+    rows = []
+    for f in files:
+        try:
+            tree = ast.parse(f.text)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
+                continue
+            doc = ast.get_docstring(node)
+            if doc and 500 < len(doc) < 3000 and "    " not in doc and ">>>" not in doc:
+                cut = len(doc) // 2
+                cut = doc.rfind(" ", 0, cut)
+                rows.append({"prompt": '"""' + textwrap.dedent(doc[:cut])})
+                break
+        if len(rows) == count:
+            break
+    return rows
+
+
+def build(out_dir: Path, corpus_dir: Path | None = None) -> Path:
+    _, heldout = split(iter_sources(corpus_dir or default_corpus_dir()))
+    rows = []
+    for category, maker in (("copy-heavy", copy_heavy), ("completion", completion), ("prose", prose)):
+        made = maker(heldout, PER_CATEGORY)
+        for i, row in enumerate(made):
+            rows.append({"id": f"{category}-{i}", "prompt": row["prompt"], "category": category})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "reference.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("configs/workloads"))
+    parser.add_argument("--corpus", type=Path, default=None)
+    args = parser.parse_args()
+    path = build(args.out, args.corpus)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""The `autospec` command: a click group, one module per command."""
+from __future__ import annotations
+
+import click
+
+from autospec.cli.bench import bench
+from autospec.cli.generate import generate
+from autospec.cli.models import models
+
+
+@click.group(context_settings={"auto_envvar_prefix": "AUTOSPEC", "help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Speculative decoding that tunes itself."""
+
+
+main.add_command(models)
+main.add_command(generate)
+main.add_command(bench)

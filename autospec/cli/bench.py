@@ -1,0 +1,70 @@
+"""`autospec bench`: the one harness every speed figure comes from."""
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+
+import click
+
+from autospec.cli.options import draft_option, dtype_option, load_engine, target_option
+
+DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ngram:8,"
+                   "static:draft-model:1,static:draft-model:2,static:draft-model:4,"
+                   "static:draft-model:8,static:early-exit:1,static:early-exit:2,"
+                   "static:early-exit:4,static:early-exit:8,hf:generate,hf:assisted:4,"
+                   "hf:prompt-lookup:4,hf:early-exit:4,oracle,oracle-per-category")
+
+
+def default_prompts() -> Path:
+    # configs/ is installed as autospec.configs (pyproject's package-dir), so this works
+    # from a checkout and from a wheel alike
+    return Path(str(files("autospec.configs") / "workloads" / "reference.jsonl"))
+
+
+@click.command()
+@click.option("--methods", default=DEFAULT_METHODS, show_default=True,
+              help="Comma-separated: plain, static:DRAFTER:K, hf:generate, hf:assisted[:K], "
+                   "hf:prompt-lookup[:K], hf:early-exit[:K], oracle, oracle-per-category.")
+@click.option("--prompts", "prompts_path", type=click.Path(path_type=Path), default=None,
+              help="Workload JSONL ({id, prompt, category[, max_new_tokens]} per line). "
+                   "Default: configs/workloads/reference.jsonl.")
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--limit", default=None, type=click.IntRange(min=1),
+              help="Use only the first N prompts of each category.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
+              help="Write the full report here.")
+@target_option
+@draft_option
+@dtype_option
+def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, limit, json_path,
+          target, draft, dtype):
+    """Measure methods side by side on a workload; print a table, optionally write JSON."""
+    from autospec.bench.harness import format_table, load_prompts, run_bench
+    from autospec.bench.methods import parse_methods
+    try:
+        method_list = parse_methods(methods)
+        prompts = load_prompts(prompts_path or default_prompts())
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if limit:
+        seen: dict[str, int] = {}
+        prompts = [p for p in prompts if seen.setdefault(p.category, 0) < limit
+                   and not seen.__setitem__(p.category, seen[p.category] + 1)]
+    engine = load_engine(target, draft, dtype)
+    try:
+        report = run_bench(engine, prompts, method_list, repeats, max_new_tokens, temperature,
+                           seed, progress=lambda m: click.echo(m, err=True))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(format_table(report))
+    measured = report["measured"]
+    click.echo(f"\nv(K) = {json.dumps({k: round(v, 3) for k, v in measured['v'].items()})}")
+    click.echo(f"c    = {json.dumps({k: round(v, 3) for k, v in measured['c'].items()})}")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        click.echo(f"wrote {json_path}", err=True)

@@ -1,0 +1,70 @@
+"""`autospec generate`: stream one completion to stdout, its telemetry summary to stderr."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from autospec.cli.options import draft_option, dtype_option, load_engine, target_option
+
+
+@click.command()
+@click.option("--prompt", required=True, help="Prompt text ('-' reads standard input).")
+@click.option("--drafter", default="ngram", show_default=True,
+              help="Drafter name, or 'none' for plain decoding.")
+@click.option("--k", "k", default=4, show_default=True, type=int, help="Tokens drafted per step.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option("--top-k", default=0, show_default=True, type=int)
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Telemetry summary as JSON on stderr.")
+@target_option
+@draft_option
+@dtype_option
+def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed, as_json,
+             target, draft, dtype):
+    """Generate a completion with speculative decoding."""
+    from autospec.drafters.base import known_drafters
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    drafter = None if drafter == "none" else drafter
+    if drafter is not None and drafter not in known_drafters():
+        raise click.BadParameter(f"unknown drafter '{drafter}' (known: {', '.join(known_drafters())}, none)",
+                                 param_hint="--drafter")
+    if drafter is not None and k <= 0:
+        raise click.BadParameter(f"k must be >= 1, got {k} (for plain decoding use --drafter none)",
+                                 param_hint="--k")
+    engine = load_engine(target, draft, dtype)
+    tokenizer = engine.models.tokenizer
+    emitted: list[int] = []
+    printed = 0
+
+    def stream(tokens: list[int]) -> None:
+        # decode the whole output each time: byte-level BPE pieces only make sense together
+        nonlocal printed
+        emitted.extend(tokens)
+        text = tokenizer.decode(emitted, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[printed:])
+            sys.stdout.flush()
+            printed = len(text)
+
+    try:
+        out = engine.generate(prompt, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
+                              temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                              on_tokens=stream)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.stdout.write(out.text[printed:] + "\n")
+    t = out.telemetry
+    if as_json:
+        click.echo(json.dumps(t.to_dict(with_steps=False)), err=True)
+    else:
+        click.echo(
+            f"[{drafter or 'plain'} k={k if drafter else 0}] {t.output_tokens} tokens in "
+            f"{t.wall_seconds:.2f}s ({t.tokens_per_s:.1f} tok/s), {t.steps} steps, acceptance "
+            f"{t.acceptance_rate:.2f}, mean accepted length {t.mean_accepted_length:.2f}, "
+            f"per position {[round(a, 2) for a in t.acceptance_per_position]}, "
+            f"bandwidth {t.bandwidth_gbs:.2f} GB/s, finish {t.finish_reason}", err=True)

@@ -1,0 +1,109 @@
+"""The drafter contract, and the registry every drafter is created through.
+
+A drafter is per request (the engine makes one for each request from a factory, so
+interleaved requests never share state). The engine never branches on drafter type.
+
+Third-party drafters register through the entry-point group `autospec.drafters`:
+    [project.entry-points."autospec.drafters"]
+    my-drafter = "my_pkg.drafter:MyDrafter"
+where MyDrafter(models: ModelPair, **options) is a Drafter subclass.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+
+import torch
+
+from autospec.engine.sampling import SamplingParams
+
+
+@dataclass
+class Draft:
+    """What a drafter proposes: at most k token ids, and (when it has them) the distribution
+    each was drawn from. draft_probs: (len(tokens), V) float32, or None = point mass."""
+    tokens: list[int]
+    draft_probs: torch.Tensor | None = None
+    bytes_read: int = 0  # weights + KV the drafter read, for bandwidth accounting
+
+    @classmethod
+    def empty(cls) -> "Draft":
+        return cls([])
+
+
+@dataclass
+class DraftContext:
+    """What the drafter may look at: every token so far (prompt + output; the last one is the
+    target's newest and not yet verified-from), and the request's sampling settings."""
+    tokens: list[int]
+    sampling: SamplingParams
+    generator: torch.Generator | None = None
+    prompt_len: int = 0
+
+
+@dataclass
+class Verified:
+    """What the target decided about the last draft (passed to `observe`)."""
+    proposed: int
+    accepted: int
+    emitted: list[int] = field(default_factory=list)  # accepted drafts + bonus/recovered token
+
+
+class Drafter(ABC):
+    name: str = "?"
+    # Guess of (seconds per drafted token) / (seconds per target step), before measurements.
+    cost_hint: float = 0.1
+
+    def reset(self) -> None:
+        """Forget per-request state (called once before a request's first step)."""
+
+    @abstractmethod
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        """At most k next tokens after ctx.tokens. An empty draft is legal."""
+
+    def observe(self, result: Verified) -> None:
+        """Told what the target kept; drafters with caches roll back here or lazily."""
+
+
+# name -> factory(models, **options) -> Drafter
+_REGISTRY: dict[str, type] = {}
+_entry_points_loaded = False
+
+
+def register(name: str):
+    """Class decorator: `@register("ngram")`."""
+    def wrap(cls):
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return wrap
+
+
+def _load_builtin_and_plugins() -> None:
+    global _entry_points_loaded
+    from autospec.drafters import draft_model, early_exit, ngram, synthetic  # noqa: F401
+    if not _entry_points_loaded:
+        _entry_points_loaded = True
+        for ep in entry_points(group="autospec.drafters"):
+            if ep.name not in _REGISTRY:
+                cls = ep.load()
+                cls.name = ep.name
+                _REGISTRY[ep.name] = cls
+
+
+def known_drafters() -> list[str]:
+    _load_builtin_and_plugins()
+    return sorted(_REGISTRY)
+
+
+def drafter_class(name: str) -> type:
+    _load_builtin_and_plugins()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown drafter '{name}' (known: {', '.join(sorted(_REGISTRY))})")
+    return _REGISTRY[name]
+
+
+def create_drafter(name: str, models, **options) -> Drafter:
+    """A fresh per-request drafter. `models` is the engine's ModelPair."""
+    return drafter_class(name)(models, **options)

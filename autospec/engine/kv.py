@@ -1,0 +1,32 @@
+"""KV-cache plumbing over transformers' Cache API (5.x names it `cache`, 4.x `past_key_values`).
+
+Roll-back is a crop: entries past the accepted length are dropped, and the next forward
+overwrites them. DynamicCache.crop(-n) removes the last n tokens in both 4.x and 5.x.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+
+def cache_kwarg(model) -> str:
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def cached_forward(model, input_ids: torch.Tensor, cache: DynamicCache, kwarg: str) -> torch.Tensor:
+    """Logits (1, n, V) for input_ids (1, n) appended after what the cache holds."""
+    return model(input_ids=input_ids, use_cache=True, **{kwarg: cache}).logits
+
+
+def rollback(cache: DynamicCache, length: int) -> None:
+    """Keep the first `length` positions of every layer."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)

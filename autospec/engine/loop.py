@@ -1,0 +1,227 @@
+"""The speculative decoding loop: propose -> verify -> accept -> roll back -> observe.
+
+One request at a time (requests may be interleaved step by step: each carries its own caches
+and drafters). The target's KV cache holds every token but the newest; a step feeds
+[newest] + draft (k+1 tokens) in one forward, keeps the accepted prefix plus one target token,
+and crops the cache back. k = 0 is plain decoding through the very same code.
+
+Which drafter and which k are *arguments* of `step`; a policy (static here, the controller
+later) decides them between steps.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, create_drafter
+from autospec.engine.accept import greedy_accept, rejection_accept
+from autospec.engine.kv import cache_kwarg, cached_forward, new_cache, rollback
+from autospec.engine.sampling import SamplingParams, probs_from_logits
+from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
+from autospec.telemetry import RequestRecord, StepRecord, summarise
+
+
+class Policy(Protocol):
+    """Chooses (drafter name or None, k) before each step; told each step's record after."""
+    def decide(self, request: "Request") -> tuple[str | None, int]: ...
+    def update(self, record: StepRecord) -> None: ...
+
+
+@dataclass
+class StaticPolicy:
+    drafter: str | None
+    k: int
+
+    def decide(self, request: "Request") -> tuple[str | None, int]:
+        return self.drafter, self.k
+
+    def update(self, record: StepRecord) -> None:
+        pass
+
+
+@dataclass
+class Request:
+    """One generation in flight: its tokens, the target's cache, its drafters, its steps."""
+    request_id: str
+    tokens: list[int]  # prompt + output; the target's cache holds all but the last
+    prompt_len: int
+    max_new_tokens: int
+    sampling: SamplingParams
+    generator: torch.Generator
+    cache: object
+    workload: str | None = None
+    drafters: dict[str, Drafter] = field(default_factory=dict)
+    steps: list[StepRecord] = field(default_factory=list)
+    finish_reason: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]  # the output only
+    telemetry: RequestRecord
+
+
+class Engine:
+    """Speculative decoding over a ModelPair. Thread-compatible, not thread-safe."""
+
+    def __init__(self, models: ModelPair, drafter_options: dict[str, dict] | None = None):
+        self.models = models
+        self.drafter_options = drafter_options or {}
+        self.kwarg = cache_kwarg(models.target)
+        self.target_weight_bytes = weight_bytes(models.target)
+        self.target_kv_bytes = kv_bytes_per_token(models.target)
+        self.eos_ids = models.eos_ids
+        self._ids = itertools.count()
+
+    # -- requests -----------------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        ids = self.models.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("empty prompt: give at least one token")
+        return ids
+
+    @torch.inference_mode()
+    def start(self, prompt: str | list[int], max_new_tokens: int = 64,
+              sampling: SamplingParams = SamplingParams(), seed: int = 0,
+              request_id: str | None = None, workload: str | None = None) -> Request:
+        """Tokenise, check, and prefill all prompt tokens but the last into the target cache."""
+        ids = self.encode(prompt)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        limit = self.models.max_positions
+        if len(ids) >= limit:
+            raise ValueError(f"prompt has {len(ids)} tokens; the target's limit is {limit} positions")
+        request = Request(
+            request_id=request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}",
+            tokens=ids, prompt_len=len(ids), max_new_tokens=max_new_tokens, sampling=sampling,
+            generator=torch.Generator().manual_seed(seed), cache=new_cache(self.models.target),
+            workload=workload)
+        if len(ids) > 1:
+            cached_forward(self.models.target, torch.tensor([ids[:-1]]), request.cache, self.kwarg)
+        return request
+
+    def drafter_for(self, request: Request, name: str) -> Drafter:
+        if name not in request.drafters:
+            request.drafters[name] = create_drafter(name, self.models,
+                                                    **self.drafter_options.get(name, {}))
+        return request.drafters[name]
+
+    # -- the loop -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, request: Request, drafter_name: str | None, k: int) -> list[int]:
+        """One speculative round. Returns the tokens it appended."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        target = self.models.target
+        context = len(request.tokens) - 1  # tokens in the target's cache
+        # Draft no further than the request may still emit (the target adds one) and fits.
+        room = min(request.max_new_tokens - len(request.output) - 1,
+                   self.models.max_positions - context - 2)
+        k = max(0, min(k, room)) if drafter_name else 0
+
+        # 1. propose
+        t0 = time.perf_counter()
+        drafter = self.drafter_for(request, drafter_name) if k else None
+        draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
+        draft_tokens = draft.tokens[:k]
+        t1 = time.perf_counter()
+
+        # 2. verify: one target forward over [newest token] + draft, (k+1, V) logits
+        verify_input = torch.tensor([[request.tokens[-1], *draft_tokens]])
+        target_logits = cached_forward(target, verify_input, request.cache, self.kwarg)[0]
+
+        # 3. accept
+        if request.sampling.greedy:
+            accepted, next_token = greedy_accept(draft_tokens, target_logits)
+        else:
+            target_probs = probs_from_logits(target_logits, request.sampling)
+            draft_probs = draft.draft_probs[:len(draft_tokens)] if draft.draft_probs is not None else None
+            accepted, next_token = rejection_accept(draft_tokens, draft_probs, target_probs,
+                                                    request.generator)
+
+        # 4. roll back the target's cache to what is now the context (all but next_token)
+        rollback(request.cache, context + 1 + accepted)
+        emitted = self._append(request, draft_tokens[:accepted] + [next_token])
+        t2 = time.perf_counter()
+
+        # 5. record telemetry, tell the drafter
+        verify_tokens = len(draft_tokens) + 1
+        moved = self.target_weight_bytes + self.target_kv_bytes * context + draft.bytes_read
+        record = StepRecord(
+            request_id=request.request_id, step=len(request.steps),
+            drafter=drafter_name if drafter else "none", k=k, proposed=len(draft_tokens),
+            accepted=accepted, emitted=len(emitted), draft_seconds=t1 - t0,
+            verify_seconds=t2 - t1, verify_tokens=verify_tokens, context_tokens=context,
+            bytes_moved=moved, bandwidth_gbs=moved / (t2 - t0) / 1e9)
+        request.steps.append(record)
+        if drafter:
+            drafter.observe(Verified(len(draft_tokens), accepted, emitted))
+        return emitted
+
+    def _context(self, request: Request) -> DraftContext:
+        return DraftContext(request.tokens, request.sampling, request.generator, request.prompt_len)
+
+    def _append(self, request: Request, tokens: list[int]) -> list[int]:
+        """Append tokens one by one, honouring EOS, max_new_tokens and the position limit."""
+        emitted = []
+        for token in tokens:
+            request.tokens.append(token)
+            emitted.append(token)
+            if token in self.eos_ids:
+                request.finish_reason = "stop"
+            elif (len(request.output) >= request.max_new_tokens
+                  or len(request.tokens) >= self.models.max_positions):
+                request.finish_reason = "length"
+            if request.done:
+                break
+        return emitted
+
+    def finish(self, request: Request) -> Generation:
+        record = summarise(request.request_id, request.prompt_len, request.steps,
+                           time.perf_counter() - request.started, request.workload,
+                           request.finish_reason or "length")
+        text = self.models.tokenizer.decode(request.output, skip_special_tokens=True)
+        return Generation(text, list(request.output), record)
+
+    def generate(self, prompt: str | list[int], *, drafter: str | None = "ngram", k: int = 4,
+                 policy: Policy | None = None, max_new_tokens: int = 64,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 workload: str | None = None,
+                 on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+        """Generate one completion. A `policy` overrides the static (drafter, k)."""
+        if policy is None:
+            if drafter is not None:
+                self.drafter_for_check(drafter, k)
+            policy = StaticPolicy(drafter, k)
+        sampling = SamplingParams(temperature, top_k, top_p)
+        request = self.start(prompt, max_new_tokens, sampling, seed, workload=workload)
+        while not request.done:
+            name, step_k = policy.decide(request)
+            emitted = self.step(request, name, step_k)
+            policy.update(request.steps[-1])
+            if on_tokens:
+                on_tokens(emitted)
+        return self.finish(request)
+
+    def drafter_for_check(self, drafter: str, k: int) -> None:
+        """Fail before any work on an unknown drafter or k <= 0 (k = 0 means drafter=None)."""
+        from autospec.drafters.base import drafter_class
+        drafter_class(drafter)
+        if k <= 0:
+            raise ValueError(f"k must be >= 1 with drafter '{drafter}', got {k} "
+                             f"(for plain decoding pass drafter=None)")

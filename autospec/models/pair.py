@@ -1,0 +1,170 @@
+"""Loading a target (and optionally a draft model) that share one tokenizer.
+
+Any AutoModelForCausalLM works: a local path, or a hub id when the hub is reachable. With no
+paths, the reference pair shipped in the package is used (built on first use if absent).
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from autospec.paths import REFERENCE_DIR
+
+PROBE_TEXT = "def probe(x):\n    return x + 1  # tokenizer probe: ünïcode, tabs\t, 12345\n"
+
+
+class ModelLoadError(ValueError):
+    """A model path or model pair that cannot be used; the message names it."""
+
+
+@dataclass
+class ModelPair:
+    """The models one engine serves: the target, an optional draft model, their tokenizer."""
+    target: nn.Module
+    tokenizer: object
+    draft: nn.Module | None = None
+    target_name: str = "target"
+    draft_name: str | None = None
+    _exit_views: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def max_positions(self) -> int:
+        cfg = self.target.config
+        return int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048))
+
+    @property
+    def eos_ids(self) -> set[int]:
+        eos = self.target.config.eos_token_id
+        ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) if eos is not None else set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    @property
+    def default_exit_layer(self) -> int:
+        cfg = self.target.config
+        return int(getattr(cfg, "autospec_exit_layer", 0) or max(1, cfg.num_hidden_layers // 4))
+
+    def early_exit_view(self, layer: int) -> nn.Module:
+        """The target's first `layer` decoder layers + its final norm and head, weights shared."""
+        if layer not in self._exit_views:
+            self._exit_views[layer] = early_exit_view(self.target, layer)
+        return self._exit_views[layer]
+
+
+def weight_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def kv_bytes_per_token(model: nn.Module) -> int:
+    """Bytes of K and V one cached token occupies across all layers."""
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    elem = next(model.parameters()).element_size()
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem
+
+
+def early_exit_view(target: nn.Module, layer: int) -> nn.Module:
+    """A model object over the target's own modules that stops after `layer` decoder layers.
+
+    Built on the meta device and then pointed at the target's submodules, so it costs no
+    memory and runs transformers' own forward (masks, rotary embeddings, cache) unchanged.
+    """
+    n_layers = target.config.num_hidden_layers
+    if not 1 <= layer < n_layers:
+        raise ValueError(f"exit layer {layer} out of range (1..{n_layers - 1} for this target)")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = layer
+    with torch.device("meta"):
+        view = type(target)(config)
+    base_name = target.base_model_prefix
+    base, view_base = getattr(target, base_name), getattr(view, base_name)
+    for name, child in base.named_children():
+        if isinstance(child, nn.ModuleList) and len(child) == n_layers:
+            child = nn.ModuleList(list(child)[:layer])
+        setattr(view_base, name, child)
+    for name, child in target.named_children():
+        if name != base_name:
+            setattr(view, name, child)
+    leftovers = [n for n, t in list(view.named_parameters()) + list(view.named_buffers()) if t.is_meta]
+    if leftovers:
+        raise ModelLoadError(f"early exit is not supported for {type(target).__name__} "
+                             f"(unshared tensors: {leftovers[:3]})")
+    return view.eval()
+
+
+def _load_model(path: str, dtype: torch.dtype, role: str) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+    if not (Path(path).is_dir() or _looks_like_hub_id(path)):
+        raise ModelLoadError(f"{role} model path '{path}' does not exist")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load {role} model '{path}': {exc}") from None
+    return model.eval()
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    return not os.path.isabs(path) and path.count("/") == 1 and not path.startswith(".")
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Refuse a draft whose tokenizer differs from the target's: vocab size and a probe."""
+    if len(target_tok) != len(draft_tok):
+        raise ModelLoadError(
+            f"draft model '{draft_name}' has another tokenizer than target '{target_name}': "
+            f"vocab size {len(draft_tok)} vs {len(target_tok)}")
+    if target_tok.encode(PROBE_TEXT) != draft_tok.encode(PROBE_TEXT):
+        raise ModelLoadError(
+            f"draft model '{draft_name}' has another tokenizer than target '{target_name}': "
+            f"the probe text encodes differently")
+
+
+def load_pair(target: str | None = None, draft: str | None = None,
+              dtype: str = "float32", with_draft: bool = True) -> ModelPair:
+    """Load target + draft. Defaults: the shipped reference pair.
+
+    dtype float32 is the default on purpose: bf16 rounds a (k+1)-token verify forward and k+1
+    single-token forwards differently, which can flip an argmax at a near-tie and break
+    token-identity with plain greedy decoding. The shipped bf16 weights upcast exactly.
+    """
+    from transformers import AutoTokenizer
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                   "float16": torch.float16}.get(dtype)
+    if torch_dtype is None:
+        raise ModelLoadError(f"unknown dtype '{dtype}' (known: bfloat16, float16, float32)")
+    if target is None:
+        target = str(ensure_reference() / "target")
+        if draft is None and with_draft:
+            draft = str(REFERENCE_DIR / "draft")
+    target_model = _load_model(target, torch_dtype, "target")
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    draft_model = None
+    if draft is not None:
+        draft_model = _load_model(draft, torch_dtype, "draft")
+        try:
+            draft_tok = AutoTokenizer.from_pretrained(draft)
+        except (OSError, ValueError):
+            draft_tok = None
+        if draft_tok is not None:
+            check_same_tokenizer(tokenizer, draft_tok, target, draft)
+        elif draft_model.config.vocab_size != target_model.config.vocab_size:
+            raise ModelLoadError(
+                f"draft model '{draft}' has another vocabulary than target '{target}': "
+                f"{draft_model.config.vocab_size} vs {target_model.config.vocab_size}")
+    return ModelPair(target_model, tokenizer, draft_model, target, draft)
+
+
+def ensure_reference() -> Path:
+    """The shipped pair; built (long!) on first use if this install lacks it."""
+    if not (REFERENCE_DIR / "target" / "config.json").exists():
+        from autospec.models.build import build
+        build("reference")
+    return REFERENCE_DIR

@@ -1,0 +1,149 @@
+"""The one telemetry schema: what each step and each request saw.
+
+Used by the engine (produces it), the controller (reads steps), the daemon and store (persist
+requests and steps), and the tuner (replays them). Plain dataclasses with `to_dict` /
+`from_dict`, so JSON is the wire and file format and a malformed record fails loudly.
+
+Definitions, fixed here once:
+- a *step* is one target verify forward; `k` tokens were asked of the drafter, `proposed` came
+  back (0..k), `accepted` of those were kept, and the step emitted `accepted + 1` tokens (the
+  bonus or recovered token) unless a stop (EOS, max tokens) cut it short: `emitted` counts what
+  was actually appended.
+- `mean_accepted_length` = emitted tokens per step, *including* the bonus token (plain decoding
+  = 1.0, the convention of SGLang and vLLM's "acceptance length").
+- `acceptance_rate` = accepted / proposed over the request (drafted tokens that survived).
+- `acceptance_per_position[j]` = P(draft position j+1 accepted | it was proposed).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    request_id: str
+    step: int
+    drafter: str  # "none" for a plain step (k = 0)
+    k: int
+    proposed: int
+    accepted: int
+    emitted: int
+    draft_seconds: float
+    verify_seconds: float
+    verify_tokens: int  # tokens in the verify forward (proposed + 1)
+    context_tokens: int  # tokens in the target's KV cache before the step
+    bytes_moved: int  # target weights + KV read by the verify, + the drafter's reads
+    bandwidth_gbs: float  # bytes_moved / (draft + verify seconds), GB/s
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "StepRecord":
+        return _from_dict(cls, raw)
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int
+    steps: int
+    proposed: int
+    accepted: int
+    acceptance_rate: float
+    mean_accepted_length: float
+    acceptance_per_position: list[float]
+    drafter_shares: dict[str, float]
+    draft_seconds: float
+    verify_seconds: float
+    wall_seconds: float
+    tokens_per_s: float
+    bytes_moved: int
+    bandwidth_gbs: float
+    workload: str | None = None
+    finish_reason: str = "length"  # "length" | "stop"
+    step_records: list[StepRecord] = field(default_factory=list)
+
+    def to_dict(self, with_steps: bool = True) -> dict:
+        out = dataclasses.asdict(self)
+        out["step_records"] = [s.to_dict() for s in self.step_records] if with_steps else []
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "RequestRecord":
+        raw = dict(raw)
+        steps = raw.pop("step_records", []) or []
+        record = _from_dict(cls, raw)
+        record.step_records = [StepRecord.from_dict(s) for s in steps]
+        return record
+
+
+class TelemetryError(ValueError):
+    """A telemetry record that does not match the schema."""
+
+
+_NUMBER = (int, float)
+
+
+def _from_dict(cls, raw: dict):
+    if not isinstance(raw, dict):
+        raise TelemetryError(f"{cls.__name__}: expected an object, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise TelemetryError(f"{cls.__name__}: unknown field(s) {unknown}")
+    missing = sorted(n for n, f in fields.items() if n not in raw and
+                     f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    if missing:
+        raise TelemetryError(f"{cls.__name__}: missing field(s) {missing}")
+    for name, value in raw.items():
+        expected = fields[name].type
+        if expected in ("int", "float") and (not isinstance(value, _NUMBER) or isinstance(value, bool)):
+            raise TelemetryError(f"{cls.__name__}.{name}: expected a number, got {value!r}")
+        if expected == "str" and not isinstance(value, str):
+            raise TelemetryError(f"{cls.__name__}.{name}: expected a string, got {value!r}")
+    return cls(**raw)
+
+
+def summarise(request_id: str, prompt_tokens: int, steps: list[StepRecord], wall_seconds: float,
+              workload: str | None = None, finish_reason: str = "length") -> RequestRecord:
+    """Fold a request's step records into its RequestRecord."""
+    output_tokens = sum(s.emitted for s in steps)
+    proposed = sum(s.proposed for s in steps)
+    accepted = sum(s.accepted for s in steps)
+    max_k = max((s.proposed for s in steps), default=0)
+    tried = [0] * max_k
+    kept = [0] * max_k
+    for s in steps:
+        for j in range(s.proposed):
+            tried[j] += 1
+            kept[j] += j < s.accepted
+    shares: dict[str, float] = {}
+    for s in steps:
+        shares[s.drafter] = shares.get(s.drafter, 0) + 1 / len(steps)
+    draft_s = sum(s.draft_seconds for s in steps)
+    verify_s = sum(s.verify_seconds for s in steps)
+    moved = sum(s.bytes_moved for s in steps)
+    return RequestRecord(
+        request_id=request_id,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        steps=len(steps),
+        proposed=proposed,
+        accepted=accepted,
+        acceptance_rate=accepted / proposed if proposed else 0.0,
+        mean_accepted_length=output_tokens / len(steps) if steps else 0.0,
+        acceptance_per_position=[kp / tr for kp, tr in zip(kept, tried)],
+        drafter_shares=shares,
+        draft_seconds=draft_s,
+        verify_seconds=verify_s,
+        wall_seconds=wall_seconds,
+        tokens_per_s=output_tokens / wall_seconds if wall_seconds > 0 else 0.0,
+        bytes_moved=moved,
+        bandwidth_gbs=moved / (draft_s + verify_s) / 1e9 if draft_s + verify_s > 0 else 0.0,
+        workload=workload,
+        finish_reason=finish_reason,
+        step_records=steps,
+    )
