@@ -1,0 +1,1 @@
+"""The online controller: estimates (acceptance, cost) -> decision (drafter, k) every step."""

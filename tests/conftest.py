@@ -1,0 +1,69 @@
+"""Shared fixtures: a freshly trained `tiny` pair (seconds), and a minuscule random model.
+
+Losslessness holds for any weights, so these tests need no good model; tests that need real
+behaviour (copying, acceptance) use the shipped reference pair.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from autospec.engine.loop import Engine
+from autospec.models.pair import ModelPair, load_pair
+
+# The models here are small: one thread is faster than two, and leaves a core to the other
+# process of a 2-core machine.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """Build the tiny preset once per test session into a private cache."""
+    root = tmp_path_factory.mktemp("autospec-cache")
+    old = os.environ.get("AUTOSPEC_CACHE")
+    os.environ["AUTOSPEC_CACHE"] = str(root)
+    try:
+        from autospec.models.build import build
+        build("tiny", out_dir=root / "tiny", quiet=True, log=lambda m: None)
+    finally:
+        if old is None:
+            os.environ.pop("AUTOSPEC_CACHE", None)
+        else:
+            os.environ["AUTOSPEC_CACHE"] = old
+    return root / "tiny"
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_dir) -> ModelPair:
+    return load_pair(str(tiny_dir / "target"), str(tiny_dir / "draft"))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_pair) -> Engine:
+    return Engine(tiny_pair)
+
+
+class IdTokenizer:
+    """Token ids are the text: for models with a handful of tokens and no tokenizer files."""
+    eos_token_id = None
+
+    def encode(self, ids):
+        return list(ids)
+
+    def decode(self, ids, **_):
+        return " ".join(map(str, ids))
+
+
+def random_llama(vocab: int, seed: int, scale: float = 1.0, layers: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32,
+                      num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
+                      max_position_embeddings=128, eos_token_id=None, bos_token_id=None,
+                      pad_token_id=None)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)  # sharper or flatter next-token distributions
+    return model

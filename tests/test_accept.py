@@ -1,0 +1,63 @@
+"""Step 3 as pure functions, on hand-written arrays."""
+import numpy as np
+import pytest
+import torch
+from scipy_free_stats import chi2_pvalue
+
+from autospec.engine.accept import greedy_accept, rejection_accept
+
+
+def one_hot_logits(tokens, vocab=6):
+    logits = torch.zeros(len(tokens), vocab)
+    for i, t in enumerate(tokens):
+        logits[i, t] = 5.0
+    return logits
+
+
+def test_greedy_accepts_matching_prefix_then_target_token():
+    logits = one_hot_logits([3, 1, 4, 2])  # target wants 3, 1, 4, then 2
+    assert greedy_accept([3, 1, 5], logits) == (2, 4)  # third draft wrong: recovered = 4
+    assert greedy_accept([3, 1, 4], logits) == (3, 2)  # all accepted: bonus = 2
+    assert greedy_accept([0, 1, 4], logits) == (0, 3)
+    assert greedy_accept([], logits[:1]) == (0, 3)  # k = 0 is plain decoding
+
+
+def _output_histogram(draft_probs, target_probs, n, vocab, point_mass=False, seed=0):
+    """Histogram of the first emitted token over n single-position rounds."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = np.zeros(vocab)
+    for _ in range(n):
+        if point_mass:
+            token = 2  # a deterministic drafter (n-gram) always proposes token 2
+            accepted, nxt = rejection_accept([token], None, target_probs, gen)
+        else:
+            token = int(torch.multinomial(draft_probs[0], 1, generator=gen))
+            accepted, nxt = rejection_accept([token], draft_probs, target_probs, gen)
+        counts[token if accepted else nxt] += 1
+    return counts
+
+
+@pytest.mark.parametrize("point_mass", [False, True])
+def test_rejection_sampling_output_is_target_distribution(point_mass):
+    target = torch.tensor([[0.05, 0.40, 0.10, 0.30, 0.15], [0.2] * 5])
+    draft = torch.tensor([[0.30, 0.10, 0.35, 0.05, 0.20]])
+    n = 100_000
+    counts = _output_histogram(draft, target, n, 5, point_mass)
+    expected = target[0].numpy() * n
+    tv = 0.5 * np.abs(counts / n - target[0].numpy()).sum()
+    assert tv <= 0.01, tv
+    assert chi2_pvalue(counts, expected) > 0.01
+
+
+def test_rejection_all_accepted_gives_bonus_from_last_row():
+    target = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    draft = torch.tensor([[0.0, 1.0, 0.0]])
+    assert rejection_accept([1], draft, target, torch.Generator().manual_seed(0)) == (1, 2)
+
+
+def test_rejection_never_recovers_the_rejected_point_mass_token():
+    target = torch.tensor([[0.5, 0.5, 0.0], [1 / 3] * 3])
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        accepted, nxt = rejection_accept([2], None, target, gen)  # target gives token 2 zero mass
+        assert accepted == 0 and nxt in (0, 1)

@@ -1,0 +1,101 @@
+"""The CLI, driven through click's CliRunner: bad input is one clear line, never a traceback."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from autospec.cli import main
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    assert "Traceback" not in (result.output or "")
+    return result
+
+
+@pytest.fixture(scope="module")
+def pair_args(tiny_dir):
+    return ["--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft")]
+
+
+def test_generate_streams_and_reports(pair_args):
+    result = run("generate", "--prompt", "def f(x):", "--drafter", "draft-model", "--k", "3",
+                 "--max-new-tokens", "12", *pair_args)
+    assert result.exit_code == 0, result.output
+    assert "mean accepted length" in result.output
+
+
+def test_generate_json_telemetry(pair_args):
+    result = run("generate", "--prompt", "x = 1", "--max-new-tokens", "5", "--json", *pair_args)
+    assert result.exit_code == 0
+    line = [ln for ln in result.output.splitlines() if ln.startswith("{")][-1]
+    assert json.loads(line)["output_tokens"] == 5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", ""], "empty prompt"),
+    (["--prompt", "x", "--drafter", "ngarm"], "unknown drafter 'ngarm' (known: draft-model, early-exit, ngram, synthetic"),
+    (["--prompt", "x", "--k", "0"], "k must be >= 1, got 0"),
+    (["--prompt", "x", "--k", "-3"], "k must be >= 1, got -3"),
+    (["--prompt", "x", "--temperature", "-1"], "temperature must be >= 0, got -1.0"),
+    (["--prompt", "x " * 3000], "the target's limit is 2048 positions"),
+])
+def test_generate_bad_input(pair_args, args, message):
+    result = run("generate", *args, *pair_args)
+    assert result.exit_code != 0
+    assert message in result.output
+
+
+def test_missing_model_path():
+    result = run("generate", "--prompt", "x", "--target", "/nonexistent/model")
+    assert result.exit_code != 0
+    assert "target model path '/nonexistent/model' does not exist" in result.output
+
+
+def test_draft_with_another_tokenizer_is_refused(tiny_dir, tmp_path):
+    from autospec.models.presets import get_preset
+    from autospec.models.tokenizer import train_tokenizer
+    from autospec.models.train import make_model
+    other = tmp_path / "other"
+    tok = train_tokenizer(["def other():\n    return 'different corpus'\n" * 50], 300, other)
+    make_model(get_preset("tiny").draft, len(tok), 512, tok.eos_token_id, 0).save_pretrained(other)
+    result = run("generate", "--prompt", "x", "--target", str(tiny_dir / "target"),
+                 "--draft", str(other))
+    assert result.exit_code != 0
+    assert "has another tokenizer than target" in result.output
+    assert str(other) in result.output
+
+
+def test_bench_json_shape(pair_args, tmp_path):
+    out = tmp_path / "bench.json"
+    result = run("bench", "--limit", "1", "--max-new-tokens", "12", "--methods",
+                 "plain,static:ngram:2,static:draft-model:2,hf:generate,hf:prompt-lookup:2,oracle,"
+                 "oracle-per-category", "--json", str(out), *pair_args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert set(report) >= {"methods", "measured", "models", "machine"}
+    for name, stats in report["methods"].items():
+        for s in [stats["overall"], *stats["by_category"].values()]:
+            assert set(s) >= {"tokens_per_s", "speedup_vs_plain", "identical_to_plain",
+                              "acceptance_rate", "mean_accepted_length", "tokens", "wall_s"}
+        assert stats["overall"]["identical_to_plain"] is True, name
+    assert report["methods"]["oracle"]["picked"].startswith("static:")
+    assert set(report["methods"]["oracle-per-category"]["picked"]) == {"completion", "copy-heavy", "prose"}
+    assert report["methods"]["plain"]["overall"]["speedup_vs_plain"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("methods, message", [
+    ("plain,static:ngarm:2", "unknown drafter 'ngarm'"),
+    ("plain,static:ngram:0", "K must be >= 1"),
+    ("plain,fast", "unknown method 'fast'"),
+])
+def test_bench_bad_methods(pair_args, methods, message):
+    result = run("bench", "--methods", methods, *pair_args)
+    assert result.exit_code != 0 and message in result.output
+
+
+def test_bench_bad_prompts_file(pair_args, tmp_path):
+    bad = tmp_path / "w.jsonl"
+    bad.write_text('{"id": "a", "prompt": "x", "category": "c"}\n{"id": "b", "prompt": 3}\n')
+    result = run("bench", "--prompts", str(bad), *pair_args)
+    assert result.exit_code != 0 and "w.jsonl:2: field 'prompt'" in result.output
