@@ -35,6 +35,7 @@ class StepRecord:
     context_tokens: int  # tokens in the target's KV cache before the step
     bytes_moved: int  # target weights + KV read by the verify, + the drafter's reads
     bandwidth_gbs: float  # bytes_moved / (draft + verify seconds), GB/s
+    policy_seconds: float = 0.0  # the controller's decide + update for this step
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -62,6 +63,7 @@ class RequestRecord:
     tokens_per_s: float
     bytes_moved: int
     bandwidth_gbs: float
+    policy_seconds: float = 0.0
     workload: str | None = None
     finish_reason: str = "length"  # "length" | "stop"
     step_records: list[StepRecord] = field(default_factory=list)
@@ -143,6 +145,7 @@ def summarise(request_id: str, prompt_tokens: int, steps: list[StepRecord], wall
         tokens_per_s=output_tokens / wall_seconds if wall_seconds > 0 else 0.0,
         bytes_moved=moved,
         bandwidth_gbs=moved / (draft_s + verify_s) / 1e9 if draft_s + verify_s > 0 else 0.0,
+        policy_seconds=sum(s.policy_seconds for s in steps),
         workload=workload,
         finish_reason=finish_reason,
         step_records=steps,

@@ -6,6 +6,11 @@
     hf:assisted[:K]          transformers' assisted generation with the same draft model
     hf:prompt-lookup[:K]     transformers' prompt lookup decoding
     hf:early-exit[:K]        transformers' self-speculative early exit (same exit layer)
+    adaptive                 our online controller (controller/adaptive.py), learning across
+                             the run's prompts as a serving process would
+    ctl:fixed[:DRAFTER:K]    baseline controllers (controller/baselines.py), default drafter
+    ctl:hf-heuristic[:DRAFTER]   draft-model; fixed defaults to draft-model:4
+    ctl:ema[:DRAFTER]
     oracle, oracle-per-category   picked afterwards from the static runs (harness.py)
 
 The hf: peers run with a constant number of draft tokens (no confidence cut-off), so they
@@ -19,6 +24,8 @@ from typing import Callable
 
 import torch
 
+from autospec.controller.adaptive import DEFAULT_DRAFTERS, AdaptiveController
+from autospec.controller.baselines import EMAPolicy, HFHeuristicPolicy
 from autospec.drafters.base import known_drafters
 from autospec.engine.loop import Engine, StaticPolicy
 
@@ -53,8 +60,17 @@ def parse_methods(spec: str) -> list[str]:
 
 def _validate(method: str) -> None:
     parts = method.split(":")
-    if method in ("plain", "hf:generate") or method in DERIVED:
+    if method in ("plain", "hf:generate", "adaptive") or method in DERIVED:
         return
+    if parts[0] == "ctl" and parts[1] in ("fixed", "hf-heuristic", "ema"):
+        if len(parts) > 2 and parts[2] not in known_drafters():
+            raise ValueError(f"unknown drafter '{parts[2]}' in method '{method}' "
+                             f"(known: {', '.join(known_drafters())})")
+        if parts[1] == "fixed" and len(parts) == 4:
+            _k(parts[3], method)
+            return
+        if len(parts) <= 3:
+            return
     if parts[0] == "static" and len(parts) == 3:
         if parts[1] not in known_drafters():
             raise ValueError(f"unknown drafter '{parts[1]}' in method '{method}' "
@@ -66,7 +82,8 @@ def _validate(method: str) -> None:
             _k(parts[2], method)
         return
     raise ValueError(
-        f"unknown method '{method}' (known: plain, static:DRAFTER:K, hf:generate, "
+        f"unknown method '{method}' (known: plain, static:DRAFTER:K, adaptive, "
+        f"ctl:fixed[:DRAFTER:K], ctl:hf-heuristic[:DRAFTER], ctl:ema[:DRAFTER], hf:generate, "
         f"hf:assisted[:K], hf:prompt-lookup[:K], hf:early-exit[:K], oracle, oracle-per-category)")
 
 
@@ -83,9 +100,18 @@ def _k(text: str, method: str) -> int:
 def make_runner(method: str, engine: Engine) -> Runner:
     parts = method.split(":")
     if method == "plain":
-        return _ours(engine, None, 0)
+        return _ours(engine, StaticPolicy(None, 0))
     if parts[0] == "static":
-        return _ours(engine, parts[1], int(parts[2]))
+        return _ours(engine, StaticPolicy(parts[1], int(parts[2])))
+    if method == "adaptive":
+        available = tuple(d for d in DEFAULT_DRAFTERS
+                          if d != "draft-model" or engine.models.draft is not None)
+        return _ours(engine, AdaptiveController(available=available))
+    if parts[0] == "ctl":
+        drafter = parts[2] if len(parts) > 2 else "draft-model"
+        if parts[1] == "fixed":
+            return _ours(engine, StaticPolicy(drafter, int(parts[3]) if len(parts) == 4 else 4))
+        return _ours(engine, (HFHeuristicPolicy if parts[1] == "hf-heuristic" else EMAPolicy)(drafter))
     k = int(parts[2]) if len(parts) == 3 else HF_DEFAULT_K
     models = engine.models
     extra: dict = {}
@@ -102,10 +128,10 @@ def make_runner(method: str, engine: Engine) -> Runner:
     return _hf(engine, extra)
 
 
-def _ours(engine: Engine, drafter: str | None, k: int) -> Runner:
+def _ours(engine: Engine, policy) -> Runner:
     def run(ids, max_new_tokens, temperature, seed, workload):
         t0 = time.perf_counter()
-        out = engine.generate(ids, policy=StaticPolicy(drafter, k), max_new_tokens=max_new_tokens,
+        out = engine.generate(ids, policy=policy, max_new_tokens=max_new_tokens,
                               temperature=temperature, seed=seed, workload=workload)
         wall = time.perf_counter() - t0
         t = out.telemetry

@@ -29,7 +29,7 @@ from autospec.telemetry import RequestRecord, StepRecord, summarise
 class Policy(Protocol):
     """Chooses (drafter name or None, k) before each step; told each step's record after."""
     def decide(self, request: "Request") -> tuple[str | None, int]: ...
-    def update(self, record: StepRecord) -> None: ...
+    def update(self, record: StepRecord, request: "Request") -> None: ...
 
 
 @dataclass
@@ -40,7 +40,7 @@ class StaticPolicy:
     def decide(self, request: "Request") -> tuple[str | None, int]:
         return self.drafter, self.k
 
-    def update(self, record: StepRecord) -> None:
+    def update(self, record: StepRecord, request: "Request") -> None:
         pass
 
 
@@ -211,9 +211,13 @@ class Engine:
         sampling = SamplingParams(temperature, top_k, top_p)
         request = self.start(prompt, max_new_tokens, sampling, seed, workload=workload)
         while not request.done:
+            t0 = time.perf_counter()
             name, step_k = policy.decide(request)
+            t1 = time.perf_counter()
             emitted = self.step(request, name, step_k)
-            policy.update(request.steps[-1])
+            t2 = time.perf_counter()
+            policy.update(request.steps[-1], request)
+            request.steps[-1].policy_seconds = (t1 - t0) + (time.perf_counter() - t2)
             if on_tokens:
                 on_tokens(emitted)
         return self.finish(request)

@@ -1,0 +1,157 @@
+"""The fast path of the controller: every step, choose (drafter, k) from the current estimates.
+
+Per request: a discounted Beta per drafter and draft position, seeded from the pooled estimate
+of the request's workload (the per-workload prior). Shared by all requests of one engine:
+the cost model (draft seconds per token, verify seconds per forward size) and the priors.
+
+Each step:
+- Thompson sampling: draw alpha from each drafter's posterior, so a drafter that looks bad
+  but has little evidence still gets tried now and then;
+- maximise expected tokens per second over (drafter, K), K = 0 (plain) included;
+- hysteresis: keep the previous choice while it is within `hysteresis` of the best, so the
+  controller does not thrash between near-equal options.
+After each step: update the chosen drafter's estimate and, counterfactually, the n-gram
+drafter's: once the target has verified the tokens, what n-gram *would* have proposed costs
+microseconds to score, so its estimate learns even when it is not chosen.
+No I/O here, ever: the slow path (daemon) hands new settings in from outside.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autospec.controller.decide import Choice, best_choice, rate_of
+from autospec.controller.estimates import AcceptanceEstimate, CostModel
+from autospec.drafters.base import drafter_class
+from autospec.drafters.ngram import ngram_match
+from autospec.telemetry import StepRecord
+
+DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
+
+
+@dataclass
+class ControllerSettings:
+    drafters: tuple[str, ...] = DEFAULT_DRAFTERS
+    k_max: int = 8
+    discount: float = 0.9  # per-request evidence decay per step (follows phase changes)
+    prior_strength: float = 4.0  # pseudo-observations a workload prior is worth per position
+    prior_discount: float = 0.995  # slower decay of the pooled per-workload estimates
+    hysteresis: float = 0.05  # keep the current choice unless the best is 5 % better
+    thompson: bool = True
+    counterfactual: bool = True
+    ngram_n: tuple[int, int] = (1, 4)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {self.k_max}")
+        for name in self.drafters:
+            drafter_class(name)  # unknown names fail here, with the list of known ones
+
+
+@dataclass
+class _RequestState:
+    acceptance: dict[str, AcceptanceEstimate]
+    current: Choice | None = None
+    used: set = field(default_factory=set)  # drafters that have run in this request
+
+
+@dataclass
+class AdaptiveController:
+    """A Policy (see engine.loop): decide(request) -> (drafter, k); update(record, request)."""
+    settings: ControllerSettings = field(default_factory=ControllerSettings)
+    available: tuple[str, ...] | None = None  # drafters this engine can run (e.g. no draft model)
+
+    def __post_init__(self):
+        s = self.settings
+        self.drafters = tuple(d for d in s.drafters if self.available is None or d in self.available)
+        self.costs = CostModel(s.k_max)
+        self.priors: dict[str, dict[str, AcceptanceEstimate]] = {}
+        self.hints = {d: drafter_class(d).cost_hint for d in self.drafters}
+        self.rng = np.random.default_rng(s.seed)
+        self._requests: dict[str, _RequestState] = {}
+
+    # -- state ---------------------------------------------------------------------------
+    def _prior(self, workload: str | None) -> dict[str, AcceptanceEstimate]:
+        key = workload or "*"
+        if key not in self.priors:
+            s = self.settings
+            self.priors[key] = {d: AcceptanceEstimate(s.k_max, 0.5, 2.0, s.prior_discount)
+                                for d in self.drafters}
+        return self.priors[key]
+
+    def _state(self, request) -> _RequestState:
+        state = self._requests.get(request.request_id)
+        if state is None:
+            s = self.settings
+            prior = self._prior(request.workload)
+            acceptance = {}
+            for d in self.drafters:
+                est = AcceptanceEstimate(s.k_max, 0.5, s.prior_strength, s.discount)
+                mean = prior[d].mean()
+                est.prior_a = mean * s.prior_strength
+                est.prior_b = (1 - mean) * s.prior_strength
+                est.a, est.b = est.prior_a.copy(), est.prior_b.copy()
+                acceptance[d] = est
+            state = self._requests[request.request_id] = _RequestState(acceptance)
+        return state
+
+    # -- the fast path -------------------------------------------------------------------
+    def decide(self, request) -> tuple[str | None, int]:
+        state = self._state(request)
+        verify = self.costs.verify_seconds()
+        if np.isnan(self.costs.verify[0]):
+            return None, 0  # first step of the engine's life: measure a plain step first
+        draw = (lambda e: e.sample(self.rng)) if self.settings.thompson else (lambda e: e.mean())
+        alphas = {d: draw(state.acceptance[d]) for d in self.drafters}
+        draft_s = {d: self.costs.draft_seconds(d, self.hints[d]) for d in self.drafters}
+        best = best_choice(alphas, draft_s, verify, self.settings.k_max)
+        current = state.current
+        if current is not None and (current.drafter, current.k) != (best.drafter, best.k):
+            kept = rate_of(current.drafter, current.k, alphas, draft_s, verify)
+            if kept * (1 + self.settings.hysteresis) >= best.rate:
+                best = Choice(current.drafter, current.k, kept)
+        state.current = best
+        return best.drafter, best.k
+
+    def update(self, record: StepRecord, request) -> None:
+        state = self._state(request)
+        self.costs.observe_verify(record.verify_tokens, record.verify_seconds)
+        prior = self._prior(request.workload)
+        if record.drafter in state.acceptance and record.k > 0:
+            if record.drafter in state.used:
+                # a drafter's first step in a request also prefills its cache with the whole
+                # context: a one-off, kept out of the per-token cost
+                self.costs.observe_draft(record.drafter, record.draft_seconds, record.proposed)
+            state.used.add(record.drafter)
+            # an empty proposal counts as a rejection at position 0: it bought nothing
+            proposed = max(record.proposed, 1)
+            state.acceptance[record.drafter].update(proposed, record.accepted)
+            prior[record.drafter].update(proposed, record.accepted)
+        if self.settings.counterfactual and "ngram" in state.acceptance and record.drafter != "ngram":
+            proposed, accepted = self._ngram_counterfactual(request, record.emitted)
+            state.acceptance["ngram"].update(proposed, accepted)
+            prior["ngram"].update(proposed, accepted)
+        if request.done:
+            self._requests.pop(request.request_id, None)
+
+    def _ngram_counterfactual(self, request, emitted: int) -> tuple[int, int]:
+        """(proposed, accepted) n-gram would have scored on the step just verified.
+
+        Only the `emitted` tokens are known to be the target's; a proposal longer than that is
+        censored there (positions past it are left unobserved)."""
+        context = np.asarray(request.tokens[:len(request.tokens) - emitted])
+        verified = request.tokens[len(context):]
+        n_min, n_max = self.settings.ngram_n
+        proposal = ngram_match(context, n_min, n_max, self.settings.k_max)
+        if not proposal:
+            return 1, 0
+        matched = 0
+        for drafted, actual in zip(proposal, verified):
+            if drafted != actual:
+                break
+            matched += 1
+        if matched == len(verified):  # censored: everything we can check was right
+            return matched, matched
+        return len(proposal), matched

@@ -1,0 +1,48 @@
+"""Baseline controllers, kept in code for comparison (`ctl:NAME` in `autospec bench`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autospec.telemetry import StepRecord
+
+TIERS = (1, 2, 4, 8)
+
+
+@dataclass
+class HFHeuristicPolicy:
+    """transformers' num_assistant_tokens_schedule="heuristic": +2 when every proposed token
+    was accepted, else max(1, K - 1). Per request (its "heuristic_transient" variant)."""
+    drafter: str = "draft-model"
+    k0: int = 4
+    k_max: int = 16
+    _k: dict = field(default_factory=dict)
+
+    def decide(self, request) -> tuple[str | None, int]:
+        return self.drafter, self._k.setdefault(request.request_id, self.k0)
+
+    def update(self, record: StepRecord, request) -> None:
+        k = self._k.get(request.request_id, self.k0)
+        full = record.proposed > 0 and record.accepted == record.proposed
+        self._k[request.request_id] = min(self.k_max, k + 2) if full else max(1, k - 1)
+        if request.done:
+            self._k.pop(request.request_id, None)
+
+
+@dataclass
+class EMAPolicy:
+    """SGLang's --speculative-adaptive style: an EMA of accepted length mapped to K tiers —
+    draft the smallest tier that exceeds what is expected to be accepted."""
+    drafter: str = "draft-model"
+    weight: float = 0.3
+    tiers: tuple[int, ...] = TIERS
+    _ema: dict = field(default_factory=dict)
+
+    def decide(self, request) -> tuple[str | None, int]:
+        ema = self._ema.setdefault(request.request_id, float(self.tiers[len(self.tiers) // 2]) - 1)
+        return self.drafter, next((t for t in self.tiers if t > ema), self.tiers[-1])
+
+    def update(self, record: StepRecord, request) -> None:
+        ema = self._ema.get(request.request_id, 0.0)
+        self._ema[request.request_id] = (1 - self.weight) * ema + self.weight * record.accepted
+        if request.done:
+            self._ema.pop(request.request_id, None)

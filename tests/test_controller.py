@@ -1,0 +1,74 @@
+"""The controller's pure parts on hand-written arrays, and its policy on the tiny pair."""
+import numpy as np
+import pytest
+
+from autospec.controller.adaptive import AdaptiveController, ControllerSettings
+from autospec.controller.decide import best_choice
+from autospec.controller.estimates import AcceptanceEstimate, CostModel
+from autospec.controller.formulas import expected_tokens, speedup
+
+
+def test_expected_tokens_matches_closed_form_for_flat_alpha():
+    alpha = 0.7
+    e = expected_tokens(np.full(8, alpha))
+    closed = [(1 - alpha ** (k + 1)) / (1 - alpha) for k in range(9)]
+    assert np.allclose(e, closed)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.7, 0.9])
+@pytest.mark.parametrize("c", [0.05, 0.2])
+def test_best_choice_is_argmax_of_speedup(alpha, c):
+    v = 1 + 0.03 * np.arange(9)  # verify cost grows a little with K, as on a CPU
+    s = speedup(np.full(8, alpha), c, v)
+    choice = best_choice({"d": np.full(8, alpha)}, {"d": c}, v, 8)
+    assert choice.k == int(np.argmax(s))
+    assert choice.rate == pytest.approx(s.max())
+
+
+def test_plain_wins_when_drafts_are_useless_or_too_dear():
+    v = np.ones(9)
+    assert best_choice({"d": np.zeros(8)}, {"d": 0.01}, v, 8).k == 0
+    assert best_choice({"d": np.full(8, 0.5)}, {"d": 2.0}, v, 8).drafter is None
+
+
+def test_acceptance_estimate_follows_a_phase_change():
+    est = AcceptanceEstimate(4, discount=0.9)
+    for _ in range(50):
+        est.update(4, 4)
+    assert est.mean()[0] > 0.9
+    for _ in range(30):
+        est.update(4, 0)
+    assert est.mean()[0] < 0.2
+
+
+def test_cost_model_fills_unseen_sizes_with_a_line():
+    costs = CostModel(8)
+    costs.observe_verify(1, 1.0)
+    costs.observe_verify(5, 1.4)
+    v = costs.verify_seconds()
+    assert v[0] == pytest.approx(1.0) and v[4] == pytest.approx(1.4)
+    assert v[8] == pytest.approx(1.8)
+
+
+def test_controller_settings_reject_unknown_drafters():
+    with pytest.raises(ValueError, match="unknown drafter 'ngarm'"):
+        ControllerSettings(drafters=("ngarm",))
+
+
+def test_adaptive_falls_back_to_plain_with_a_useless_drafter(tiny_pair):
+    from autospec.engine.loop import Engine
+    engine = Engine(tiny_pair, drafter_options={"synthetic": {"alpha": 0.0}})
+    ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",), counterfactual=False))
+    for i in range(6):
+        out = engine.generate(f"x{i} = {i}\n", policy=ctl, max_new_tokens=40)
+    late = out.telemetry.step_records[-20:]
+    assert sum(s.k == 0 for s in late) >= 0.8 * len(late)
+
+
+def test_adaptive_output_is_identical_to_plain(tiny_engine):
+    ctl = AdaptiveController()
+    for prompt in ("def f(x):\n    return x\n" * 3, "import os\n", "class A:\n    pass\n"):
+        plain = tiny_engine.generate(prompt, drafter=None, max_new_tokens=30)
+        out = tiny_engine.generate(prompt, policy=ctl, max_new_tokens=30)
+        assert out.token_ids == plain.token_ids
+        assert out.telemetry.policy_seconds > 0
