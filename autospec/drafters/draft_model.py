@@ -55,7 +55,8 @@ class CachedLMDrafter(Drafter):
         tokens, probs = [], []
         bytes_read = 0
         for i in range(k):
-            logits = cached_forward(self.model, torch.tensor([pending]), self.cache, self.kwarg)[0, -1]
+            logits = cached_forward(self.model, torch.tensor([pending]), self.cache, self.kwarg,
+                                    last=1)[0, -1]
             bytes_read += self._weight_bytes + self._kv_bytes * len(self.fed)
             token, token_probs = self.pick(logits, ctx)
             tokens.append(token)

@@ -5,6 +5,7 @@ overwrites them. DynamicCache.crop(-n) removes the last n tokens in both 4.x and
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -16,13 +17,22 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+@functools.lru_cache(maxsize=None)
+def _keeps_logits(model_class) -> bool:
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
+
+
 def new_cache(model) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
-def cached_forward(model, input_ids: torch.Tensor, cache: DynamicCache, kwarg: str) -> torch.Tensor:
-    """Logits (1, n, V) for input_ids (1, n) appended after what the cache holds."""
-    return model(input_ids=input_ids, use_cache=True, **{kwarg: cache}).logits
+def cached_forward(model, input_ids: torch.Tensor, cache: DynamicCache, kwarg: str,
+                   last: int | None = None) -> torch.Tensor:
+    """Logits (1, n, V) for input_ids (1, n) appended after what the cache holds; with `last`,
+    only the last `last` positions are scored (a prefill needs none or one: the LM head over a
+    whole prompt costs as much as several decode steps)."""
+    extra = {"logits_to_keep": last} if last is not None and _keeps_logits(type(model)) else {}
+    return model(input_ids=input_ids, use_cache=True, **{kwarg: cache}, **extra).logits
 
 
 def rollback(cache: DynamicCache, length: int) -> None:

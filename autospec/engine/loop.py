@@ -112,7 +112,8 @@ class Engine:
             generator=torch.Generator().manual_seed(seed), cache=new_cache(self.models.target),
             workload=workload)
         if len(ids) > 1:
-            cached_forward(self.models.target, torch.tensor([ids[:-1]]), request.cache, self.kwarg)
+            cached_forward(self.models.target, torch.tensor([ids[:-1]]), request.cache, self.kwarg,
+                           last=1)
         return request
 
     def drafter_for(self, request: Request, name: str) -> Drafter:
