@@ -41,13 +41,22 @@ def test_acceptance_estimate_follows_a_phase_change():
     assert est.mean()[0] < 0.2
 
 
-def test_cost_model_fills_unseen_sizes_with_a_line():
+def test_cost_model_fits_a_line_through_all_sizes():
     costs = CostModel(8)
-    costs.observe_verify(1, 1.0)
-    costs.observe_verify(5, 1.4)
+    for _ in range(10):
+        costs.observe_verify(1, 1.0)
+        costs.observe_verify(5, 1.4)
     v = costs.verify_seconds()
     assert v[0] == pytest.approx(1.0) and v[4] == pytest.approx(1.4)
     assert v[8] == pytest.approx(1.8)
+
+
+def test_cost_model_clips_a_cold_start_outlier():
+    costs = CostModel(8)
+    for _ in range(10):
+        costs.observe_verify(1, 1.0)
+    costs.observe_verify(1, 50.0)
+    assert costs.verify_seconds()[0] < 1.3
 
 
 def test_controller_settings_reject_unknown_drafters():

@@ -24,10 +24,10 @@ from typing import Callable
 
 import torch
 
-from autospec.controller.adaptive import DEFAULT_DRAFTERS, AdaptiveController
-from autospec.controller.baselines import EMAPolicy, HFHeuristicPolicy
+from autospec.controller.adaptive import DEFAULT_DRAFTERS
+from autospec.controller.policies import make_policy
 from autospec.drafters.base import known_drafters
-from autospec.engine.loop import Engine, StaticPolicy
+from autospec.engine.loop import Engine
 
 HF_DEFAULT_K = 4
 DERIVED = ("oracle", "oracle-per-category")
@@ -99,19 +99,10 @@ def _k(text: str, method: str) -> int:
 
 def make_runner(method: str, engine: Engine) -> Runner:
     parts = method.split(":")
-    if method == "plain":
-        return _ours(engine, StaticPolicy(None, 0))
-    if parts[0] == "static":
-        return _ours(engine, StaticPolicy(parts[1], int(parts[2])))
-    if method == "adaptive":
+    if parts[0] != "hf":
         available = tuple(d for d in DEFAULT_DRAFTERS
                           if d != "draft-model" or engine.models.draft is not None)
-        return _ours(engine, AdaptiveController(available=available))
-    if parts[0] == "ctl":
-        drafter = parts[2] if len(parts) > 2 else "draft-model"
-        if parts[1] == "fixed":
-            return _ours(engine, StaticPolicy(drafter, int(parts[3]) if len(parts) == 4 else 4))
-        return _ours(engine, (HFHeuristicPolicy if parts[1] == "hf-heuristic" else EMAPolicy)(drafter))
+        return _ours(engine, make_policy(method, available))
     k = int(parts[2]) if len(parts) == 3 else HF_DEFAULT_K
     models = engine.models
     extra: dict = {}

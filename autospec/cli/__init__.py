@@ -6,6 +6,7 @@ import click
 from autospec.cli.bench import bench
 from autospec.cli.generate import generate
 from autospec.cli.models import models
+from autospec.cli.replay import replay
 
 
 @click.group(context_settings={"auto_envvar_prefix": "AUTOSPEC", "help_option_names": ["-h", "--help"]})
@@ -16,3 +17,4 @@ def main() -> None:
 main.add_command(models)
 main.add_command(generate)
 main.add_command(bench)
+main.add_command(replay)

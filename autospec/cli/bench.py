@@ -37,11 +37,15 @@ def default_prompts() -> Path:
               help="Use only the first N prompts of each category.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Write the full report here.")
+@click.option("--record", "record_path", type=click.Path(path_type=Path), default=None,
+              help="Also record a replay trace (greedy): every drafter's agreement at every "
+                   "output position, and the measured costs. See `autospec replay`.")
+@click.option("--record-k-max", default=8, show_default=True, type=click.IntRange(min=1))
 @target_option
 @draft_option
 @dtype_option
 def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, limit, json_path,
-          target, draft, dtype):
+          record_path, record_k_max, target, draft, dtype):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
     from autospec.bench.harness import format_table, load_prompts, run_bench
     from autospec.bench.methods import parse_methods
@@ -64,6 +68,16 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     measured = report["measured"]
     click.echo(f"\nv(K) = {json.dumps({k: round(v, 3) for k, v in measured['v'].items()})}")
     click.echo(f"c    = {json.dumps({k: round(v, 3) for k, v in measured['c'].items()})}")
+    if record_path:
+        if temperature > 0:
+            raise click.ClickException("--record needs greedy decoding (--temperature 0)")
+        from autospec.controller.adaptive import DEFAULT_DRAFTERS
+        from autospec.controller.trace import record
+        drafters = [d for d in DEFAULT_DRAFTERS if d != "draft-model" or engine.models.draft]
+        trace = record(engine, prompts, drafters, record_k_max, max_new_tokens,
+                       progress=lambda m: click.echo(m, err=True))
+        trace.save(record_path)
+        click.echo(f"wrote trace {record_path}", err=True)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2) + "\n")

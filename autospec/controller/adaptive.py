@@ -5,11 +5,13 @@ of the request's workload (the per-workload prior). Shared by all requests of on
 the cost model (draft seconds per token, verify seconds per forward size) and the priors.
 
 Each step:
-- Thompson sampling: draw alpha from each drafter's posterior, so a drafter that looks bad
-  but has little evidence still gets tried now and then;
-- maximise expected tokens per second over (drafter, K), K = 0 (plain) included;
-- hysteresis: keep the previous choice while it is within `hysteresis` of the best, so the
-  controller does not thrash between near-equal options.
+- the drafter (or plain decoding): Thompson sampling — draw alpha from each drafter's
+  posterior and take the drafter whose best K gives the most expected tokens per second — so
+  a drafter that looks bad on little evidence still gets tried now and then; with hysteresis:
+  keep the current drafter while it is within `hysteresis` of the best (a switch re-prefills
+  a cache, and near-equal options must not thrash);
+- K for that drafter: argmax of expected tokens per second under the posterior *means*
+  (changing K costs nothing, so exploration noise buys nothing there); K = 0 if plain wins.
 After each step: update the chosen drafter's estimate and, counterfactually, the n-gram
 drafter's: once the target has verified the tokens, what n-gram *would* have proposed costs
 microseconds to score, so its estimate learns even when it is not chosen.
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autospec.controller.decide import Choice, best_choice, rate_of
+from autospec.controller.decide import Choice, best_choice
 from autospec.controller.estimates import AcceptanceEstimate, CostModel
 from autospec.drafters.base import drafter_class
 from autospec.drafters.ngram import ngram_match
@@ -34,7 +36,7 @@ DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
 class ControllerSettings:
     drafters: tuple[str, ...] = DEFAULT_DRAFTERS
     k_max: int = 8
-    discount: float = 0.9  # per-request evidence decay per step (follows phase changes)
+    discount: float = 0.97  # per-request evidence decay per step (~33 steps of memory)
     prior_strength: float = 4.0  # pseudo-observations a workload prior is worth per position
     prior_discount: float = 0.995  # slower decay of the pooled per-workload estimates
     hysteresis: float = 0.05  # keep the current choice unless the best is 5 % better
@@ -86,14 +88,8 @@ class AdaptiveController:
         if state is None:
             s = self.settings
             prior = self._prior(request.workload)
-            acceptance = {}
-            for d in self.drafters:
-                est = AcceptanceEstimate(s.k_max, 0.5, s.prior_strength, s.discount)
-                mean = prior[d].mean()
-                est.prior_a = mean * s.prior_strength
-                est.prior_b = (1 - mean) * s.prior_strength
-                est.a, est.b = est.prior_a.copy(), est.prior_b.copy()
-                acceptance[d] = est
+            acceptance = {d: AcceptanceEstimate(s.k_max, prior[d].mean(), s.prior_strength,
+                                                s.discount) for d in self.drafters}
             state = self._requests[request.request_id] = _RequestState(acceptance)
         return state
 
@@ -101,17 +97,28 @@ class AdaptiveController:
     def decide(self, request) -> tuple[str | None, int]:
         state = self._state(request)
         verify = self.costs.verify_seconds()
-        if np.isnan(self.costs.verify[0]):
+        if self.costs.observed == 0:
             return None, 0  # first step of the engine's life: measure a plain step first
-        draw = (lambda e: e.sample(self.rng)) if self.settings.thompson else (lambda e: e.mean())
-        alphas = {d: draw(state.acceptance[d]) for d in self.drafters}
+        means = {d: state.acceptance[d].mean() for d in self.drafters}
+        draws = ({d: state.acceptance[d].sample(self.rng) for d in self.drafters}
+                 if self.settings.thompson else means)
         draft_s = {d: self.costs.draft_seconds(d, self.hints[d]) for d in self.drafters}
-        best = best_choice(alphas, draft_s, verify, self.settings.k_max)
+        k_max = self.settings.k_max
+        # which drafter (or plain): Thompson draws, so little-tried drafters get explored ...
+        best = best_choice(draws, draft_s, verify, k_max)
         current = state.current
-        if current is not None and (current.drafter, current.k) != (best.drafter, best.k):
-            kept = rate_of(current.drafter, current.k, alphas, draft_s, verify)
+        if current is not None and current.drafter != best.drafter:
+            # ... with hysteresis on switching drafters (a switch re-prefills a cache), ...
+            if current.drafter is None:
+                kept = 1.0 / float(verify[0])
+            else:
+                kept = best_choice({current.drafter: draws[current.drafter]}, draft_s, verify,
+                                   k_max).rate
             if kept * (1 + self.settings.hysteresis) >= best.rate:
-                best = Choice(current.drafter, current.k, kept)
+                best = Choice(current.drafter, 0, kept)
+        # ... and K from the posterior means: changing K costs nothing, so no noise there.
+        if best.drafter is not None:
+            best = best_choice({best.drafter: means[best.drafter]}, draft_s, verify, k_max)
         state.current = best
         return best.drafter, best.k
 

@@ -33,13 +33,3 @@ def best_choice(alphas: dict[str, np.ndarray], draft_seconds: dict[str, float],
             best = Choice(drafter, k, float(rates[k]))
     return best
 
-
-def rate_of(choice_drafter: str | None, k: int, alphas: dict[str, np.ndarray],
-            draft_seconds: dict[str, float], verify_seconds: np.ndarray) -> float:
-    """Expected tokens per second of one given (drafter, k) under the same estimates."""
-    if choice_drafter is None or k == 0:
-        return 1.0 / float(verify_seconds[0])
-    k = min(k, len(verify_seconds) - 1)
-    rates = token_rates(alphas[choice_drafter][:k], draft_seconds[choice_drafter],
-                        verify_seconds[:k + 1])
-    return float(rates[k])

@@ -2,7 +2,7 @@
 
 Acceptance: a discounted Beta per draft position (conditional on every earlier position being
 accepted), so it follows phase changes inside a request: each update first shrinks the evidence
-towards the prior by `discount`, then adds the new observation.
+by `discount`, then adds the new observation.
 
 Cost: EWMAs of draft seconds per drafted token (per drafter) and of target verify seconds per
 number of tokens in the forward; entries never observed are filled from a least-squares line
@@ -14,72 +14,90 @@ import numpy as np
 
 
 class AcceptanceEstimate:
-    """Beta(a, b) per position j = 0..k_max-1 for P(accept j | accepted 0..j-1)."""
+    """P(accept position j | accepted 0..j-1), j = 0..k_max-1, as a Beta per position.
 
-    def __init__(self, k_max: int, prior_mean: float = 0.5, prior_strength: float = 2.0,
-                 discount: float = 0.98):
+    Evidence (accepted / rejected counts) is discounted each update. Two levels of shrinkage:
+    the pooled rate m_j = (sum of all positions' evidence + s_prior * prior_mean_j) / (...) is
+    the prior of position j, worth `pool_strength` observations: deep positions, rarely drafted,
+    borrow from shallow ones, and every position's noise shrinks, while the outside prior
+    (a workload's pooled estimate) is worth only `prior_strength` observations in all.
+    """
+
+    def __init__(self, k_max: int, prior_mean=0.5, prior_strength: float = 2.0,
+                 discount: float = 0.98, pool_strength: float = 8.0):
         self.k_max = k_max
-        self.prior_a = np.full(k_max, prior_mean * prior_strength)
-        self.prior_b = np.full(k_max, (1 - prior_mean) * prior_strength)
-        self.a, self.b = self.prior_a.copy(), self.prior_b.copy()
+        self.prior_mean = np.broadcast_to(np.asarray(prior_mean, float), (k_max,)).copy()
+        self.strength = prior_strength
+        self.pool_strength = pool_strength
         self.discount = discount
+        self.ev_a = np.zeros(k_max)
+        self.ev_b = np.zeros(k_max)
 
     def update(self, proposed: int, accepted: int) -> None:
         """One verified draft: positions 0..accepted-1 kept, position `accepted` (if proposed)
         rejected, later positions unobserved."""
-        self.a = self.prior_a + self.discount * (self.a - self.prior_a)
-        self.b = self.prior_b + self.discount * (self.b - self.prior_b)
+        self.ev_a *= self.discount
+        self.ev_b *= self.discount
         kept = min(accepted, self.k_max)
-        self.a[:kept] += 1
+        self.ev_a[:kept] += 1
         if accepted < proposed and accepted < self.k_max:
-            self.b[accepted] += 1
+            self.ev_b[accepted] += 1
+
+    def _beta(self) -> tuple[np.ndarray, np.ndarray]:
+        s = self.strength
+        pooled = (self.ev_a.sum() + s * self.prior_mean) / (self.ev_a.sum() + self.ev_b.sum() + s)
+        return self.ev_a + self.pool_strength * pooled, self.ev_b + self.pool_strength * (1 - pooled)
 
     def mean(self) -> np.ndarray:
-        return self.a / (self.a + self.b)
+        a, b = self._beta()
+        return a / (a + b)
 
     def sample(self, rng: np.random.Generator) -> np.ndarray:
-        return rng.beta(self.a, self.b)
+        return rng.beta(*self._beta())
 
     def observations(self) -> np.ndarray:
-        return self.a + self.b - self.prior_a - self.prior_b
+        return self.ev_a + self.ev_b
 
 
 class CostModel:
-    """Seconds per drafted token per drafter, and target verify seconds per forward size."""
+    """Seconds per drafted token per drafter (EWMA), and target verify seconds as an affine
+    function of the forward's size, v(K) = base + slope * K, fitted by discounted least squares
+    over every step (all sizes inform one line, so rarely used K are never stale). An
+    observation over 3x the current prediction (a cold start, a hiccup) is clipped."""
 
-    def __init__(self, k_max: int, smoothing: float = 0.1):
+    def __init__(self, k_max: int, smoothing: float = 0.1, forgetting: float = 0.98):
         self.k_max = k_max
         self.smoothing = smoothing
+        self.forgetting = forgetting
         self.draft: dict[str, float] = {}
-        self.verify = np.full(k_max + 1, np.nan)  # index K: a forward over K+1 tokens
-
-    def _ewma(self, old: float, new: float) -> float:
-        return new if np.isnan(old) else old + self.smoothing * (new - old)
+        self._sums = np.zeros(5)  # discounted sum of w, x, x^2, y, x*y
+        self.observed = 0
 
     def observe_draft(self, drafter: str, seconds: float, proposed: int) -> None:
         if proposed > 0:
             per_token = seconds / proposed
-            self.draft[drafter] = self._ewma(self.draft.get(drafter, np.nan), per_token)
+            old = self.draft.get(drafter)
+            self.draft[drafter] = per_token if old is None else old + self.smoothing * (per_token - old)
 
     def observe_verify(self, verify_tokens: int, seconds: float) -> None:
         k = verify_tokens - 1
-        if 0 <= k <= self.k_max:
-            self.verify[k] = self._ewma(self.verify[k], seconds)
+        if self.observed >= 5:
+            seconds = min(seconds, 3 * float(self.verify_seconds()[min(k, self.k_max)]))
+        self._sums *= self.forgetting
+        self._sums += (1.0, k, k * k, seconds, k * seconds)
+        self.observed += 1
 
     def verify_seconds(self) -> np.ndarray:
-        """(k_max+1,) with gaps filled by a line through the observed points."""
-        seen = ~np.isnan(self.verify)
-        if seen.all():
-            return self.verify.copy()
-        ks = np.arange(self.k_max + 1)
-        if seen.sum() == 0:
+        """(k_max+1,) predicted seconds of a forward over K+1 tokens, K = 0..k_max."""
+        w, x, xx, y, xy = self._sums
+        if w == 0:
             return np.ones(self.k_max + 1)
-        if seen.sum() == 1:
-            # one point: assume the forward is memory-bound (flat), the optimistic prior
-            return np.full(self.k_max + 1, self.verify[seen][0])
-        slope, intercept = np.polyfit(ks[seen], self.verify[seen], 1)
-        filled = np.where(seen, self.verify, intercept + slope * ks)
-        return np.maximum(filled, 1e-6)
+        mean_x, mean_y = x / w, y / w
+        var = xx / w - mean_x ** 2
+        # one size seen so far: assume a memory-bound (flat) forward, the optimistic prior
+        slope = max(0.0, (xy / w - mean_x * mean_y) / var) if var > 1e-9 else 0.0
+        base = max(mean_y - slope * mean_x, 1e-6)
+        return base + slope * np.arange(self.k_max + 1)
 
     def draft_seconds(self, drafter: str, hint: float) -> float:
         """Measured seconds per drafted token, or hint * verify(0) before any measurement."""

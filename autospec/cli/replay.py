@@ -1,0 +1,82 @@
+"""`autospec replay`: evaluate controllers on a recorded trace, deterministically."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import click
+
+DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema")
+
+
+@click.command()
+@click.argument("trace_path", type=click.Path(path_type=Path))
+@click.option("--controller", "controllers", multiple=True,
+              help="Repeatable: plain, static:DRAFTER:K, adaptive, ctl:fixed[:DRAFTER:K], "
+                   "ctl:hf-heuristic[:DRAFTER], ctl:ema[:DRAFTER]. Default: plain, adaptive, the "
+                   "ctl: baselines, and static:D:K for every recorded drafter and K in 1,2,4,8.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
+def replay(trace_path, controllers, json_path):
+    """Simulated tokens/s per controller and category, from the trace's recorded costs."""
+    from autospec.bench.methods import parse_methods
+    from autospec.controller.trace import Trace
+    try:
+        trace = Trace.load(trace_path)
+        drafters = tuple(trace.draft_seconds_per_token)
+        if not controllers:
+            controllers = DEFAULT_CONTROLLERS + tuple(
+                f"static:{d}:{k}" for d in drafters for k in (1, 2, 4, 8) if k <= trace.k_max)
+        names = parse_methods(",".join(controllers))
+        results = run_replay(trace, names, drafters)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(format_replay(results))
+    if json_path:
+        json_path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def run_replay(trace, names, drafters) -> dict:
+    from autospec.controller.policies import make_policy
+    from autospec.controller.trace import replay as replay_trace
+    out = {}
+    for name in names:
+        for d in _needed(name):
+            if d not in trace.draft_seconds_per_token:
+                raise ValueError(f"controller '{name}' needs drafter '{d}', which the trace did "
+                                 f"not record (recorded: {', '.join(drafters)})")
+        records = replay_trace(trace, make_policy(name, drafters))
+        by_cat = defaultdict(lambda: [0, 0.0, 0])
+        for r in records:
+            for key in (r.workload, "overall"):
+                by_cat[key][0] += r.output_tokens
+                by_cat[key][1] += r.wall_seconds
+                by_cat[key][2] += r.steps
+        out[name] = {c: {"tokens_per_s": t / s, "tokens": t, "simulated_s": s,
+                         "mean_accepted_length": t / n} for c, (t, s, n) in by_cat.items()}
+    plain = out.get("plain")
+    if plain:
+        for stats in out.values():
+            for c, s in stats.items():
+                s["speedup_vs_plain"] = s["tokens_per_s"] / plain[c]["tokens_per_s"]
+    return out
+
+
+def _needed(name: str) -> list[str]:
+    parts = name.split(":")
+    if parts[0] == "static":
+        return [parts[1]]
+    if parts[0] == "ctl":
+        return [parts[2] if len(parts) > 2 else "draft-model"]
+    return []
+
+
+def format_replay(results: dict) -> str:
+    cats = sorted({c for stats in results.values() for c in stats} - {"overall"}) + ["overall"]
+    lines = ["| controller | " + " | ".join(f"{c} tok/s (x plain)" for c in cats) + " |",
+             "|" + "---|" * (len(cats) + 1)]
+    for name, stats in results.items():
+        cells = [f"{stats[c]['tokens_per_s']:.1f} ({stats[c].get('speedup_vs_plain', 0):.2f}x)"
+                 for c in cats]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
