@@ -239,9 +239,11 @@ def _models(engine: Engine) -> dict:
 
 
 def _machine() -> dict:
+    from autospec.engine.bandwidth import peak_bandwidth_gbs
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "cuda": torch.cuda.is_available()}
+            "torch": torch.__version__, "cuda": torch.cuda.is_available(),
+            "peak_bandwidth_gbs": peak_bandwidth_gbs()}
 
 
 def format_table(report: dict) -> str:

@@ -81,17 +81,45 @@ def prose(files, count: int) -> list[dict]:
     return rows
 
 
-def build(out_dir: Path, corpus_dir: Path | None = None) -> Path:
-    _, heldout = split(iter_sources(corpus_dir or default_corpus_dir()))
+def switching(files, count: int) -> list[dict]:
+    """A short function, then its first two lines again: the output copies for ~60-100 tokens,
+    then (the copy done) goes on as open completion — a phase change inside one request."""
     rows = []
-    for category, maker in (("copy-heavy", copy_heavy), ("completion", completion), ("prose", prose)):
-        made = maker(heldout, PER_CATEGORY)
-        for i, row in enumerate(made):
-            rows.append({"id": f"{category}-{i}", "prompt": row["prompt"], "category": category})
+    for i, fn in enumerate(f for f in functions_of(files, 6, 9) if len(f) < 500):
+        if i % 3 == 1:
+            lines = fn.splitlines()
+            rows.append({"prompt": f"{fn}\n\n\n" + "\n".join(lines[:2]) + "\n",
+                         "max_new_tokens": 192})
+        if len(rows) == count:
+            break
+    return rows
+
+
+MAKERS = (("copy-heavy", copy_heavy), ("completion", completion), ("prose", prose))
+
+
+def build(out_dir: Path, corpus_dir: Path | None = None) -> list[Path]:
+    """reference.jsonl (8 per category) and mixed.jsonl (other prompts of the same kinds,
+    interleaved, plus `switch` prompts that change character halfway)."""
+    _, heldout = split(iter_sources(corpus_dir or default_corpus_dir()))
+    reference, mixed_columns = [], []
+    for category, maker in MAKERS:
+        made = maker(heldout, 2 * PER_CATEGORY)
+        reference += [_row(category, i, r) for i, r in enumerate(made[:PER_CATEGORY])]
+        mixed_columns.append([_row(category, i, r) for i, r in enumerate(made[PER_CATEGORY:], PER_CATEGORY)])
+    mixed_columns.append([_row("switch", i, r) for i, r in enumerate(switching(heldout, 6))])
+    mixed = [row for group in zip(*mixed_columns) for row in group]  # interleaved
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "reference.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    paths = []
+    for name, rows in (("reference", reference), ("mixed", mixed)):
+        path = out_dir / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        paths.append(path)
+    return paths
+
+
+def _row(category: str, i: int, made: dict) -> dict:
+    return {"id": f"{category}-{i}", "category": category, **made}
 
 
 def main() -> None:
@@ -99,8 +127,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("configs/workloads"))
     parser.add_argument("--corpus", type=Path, default=None)
     args = parser.parse_args()
-    path = build(args.out, args.corpus)
-    print(f"wrote {path}")
+    for path in build(args.out, args.corpus):
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

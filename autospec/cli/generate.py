@@ -27,6 +27,7 @@ def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed
              target, draft, dtype):
     """Generate a completion with speculative decoding."""
     from autospec.drafters.base import known_drafters
+    from autospec.engine.bandwidth import peak_bandwidth_gbs
     if prompt == "-":
         prompt = sys.stdin.read()
     drafter = None if drafter == "none" else drafter
@@ -67,4 +68,5 @@ def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed
             f"{t.wall_seconds:.2f}s ({t.tokens_per_s:.1f} tok/s), {t.steps} steps, acceptance "
             f"{t.acceptance_rate:.2f}, mean accepted length {t.mean_accepted_length:.2f}, "
             f"per position {[round(a, 2) for a in t.acceptance_per_position]}, "
-            f"bandwidth {t.bandwidth_gbs:.2f} GB/s, finish {t.finish_reason}", err=True)
+            f"bandwidth {t.bandwidth_gbs:.2f} GB/s ({t.bandwidth_gbs / peak_bandwidth_gbs():.0%} "
+            f"of peak), finish {t.finish_reason}", err=True)

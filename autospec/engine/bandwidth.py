@@ -1,0 +1,51 @@
+"""Peak memory bandwidth of the device, for bandwidth utilisation (achieved / peak).
+
+CUDA: from the device's memory clock and bus width when torch exposes them. CPU: a copy
+benchmark (read + write of a 256 MiB tensor, best of 5), measured once and cached per machine.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import time
+
+import torch
+
+from autospec.paths import cache_dir
+
+COPY_BYTES = 256 * 2 ** 20
+
+
+def peak_bandwidth_gbs(device: str = "cpu") -> float:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(device)
+        clock_khz = getattr(props, "memory_clock_rate", 0)
+        bus_bits = getattr(props, "memory_bus_width", 0)
+        if clock_khz and bus_bits:
+            return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9  # double data rate
+    return _cpu_copy_benchmark()
+
+
+def _cpu_copy_benchmark() -> float:
+    key = f"{platform.node()}|{platform.processor() or platform.machine()}|{torch.get_num_threads()}"
+    path = cache_dir() / "peak_bandwidth.json"
+    try:
+        cached = json.loads(path.read_text())
+        if key in cached:
+            return float(cached[key])
+    except (OSError, ValueError):
+        cached = {}
+    src = torch.ones(COPY_BYTES // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    gbs = 2 * COPY_BYTES / best / 1e9
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**cached, key: gbs}))
+    except OSError:
+        pass  # a read-only or full disk costs a re-measure next time, nothing else
+    return gbs
