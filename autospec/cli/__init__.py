@@ -6,6 +6,7 @@ import click
 from autospec.cli.bench import bench
 from autospec.cli.generate import generate
 from autospec.cli.models import models
+from autospec.cli.policy import policy
 from autospec.cli.replay import replay
 
 
@@ -18,3 +19,4 @@ main.add_command(models)
 main.add_command(generate)
 main.add_command(bench)
 main.add_command(replay)
+main.add_command(policy)

@@ -207,7 +207,7 @@ class Engine:
         """Generate one completion. A `policy` overrides the static (drafter, k)."""
         if policy is None:
             if drafter is not None:
-                self.drafter_for_check(drafter, k)
+                self.check_drafter(drafter, k)
             policy = StaticPolicy(drafter, k)
         sampling = SamplingParams(temperature, top_k, top_p)
         request = self.start(prompt, max_new_tokens, sampling, seed, workload=workload)
@@ -223,7 +223,7 @@ class Engine:
                 on_tokens(emitted)
         return self.finish(request)
 
-    def drafter_for_check(self, drafter: str, k: int) -> None:
+    def check_drafter(self, drafter: str, k: int) -> None:
         """Fail before any work on an unknown drafter or k <= 0 (k = 0 means drafter=None)."""
         from autospec.drafters.base import drafter_class
         drafter_class(drafter)

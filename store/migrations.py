@@ -1,0 +1,68 @@
+"""Schema versions: check the stored one at start, migrate older stores forward in order.
+
+A fresh database gets the current tables directly (`Base.metadata.create_all`) and is stamped
+with `schema.SCHEMA_VERSION`. An older store runs `MIGRATIONS` from its version up, one step
+at a time, each stamping the version it reached, all in the opening transaction (SQLite and
+PostgreSQL both roll DDL back, so a failed migration leaves the old schema intact). A store
+newer than this code is refused: guessing at a future schema could lose data.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from sqlalchemy import Connection, inspect, select
+
+from autospec.store import schema
+from autospec.store.errors import StoreSchemaError
+
+# (from_version, upgrade): upgrade(connection) turns a store at from_version into one at
+# from_version + 1. Ordered; version 1 is the first schema, so the list starts empty.
+Migration = Callable[[Connection], None]
+MIGRATIONS: list[tuple[int, Migration]] = []
+
+
+def stored_version(connection: Connection) -> int | None:
+    """The store's schema version, or None for a database without our tables yet."""
+    if not inspect(connection).has_table(schema.SchemaVersionRow.__tablename__):
+        return None
+    row = connection.execute(select(schema.SchemaVersionRow.version)
+                             .where(schema.SchemaVersionRow.id == 1)).first()
+    return None if row is None else int(row[0])
+
+
+def stamp(connection: Connection, version: int) -> None:
+    table = schema.SchemaVersionRow.__table__
+    values = {"version": version, "updated_at": schema.utc_now()}
+    if connection.execute(table.update().where(table.c.id == 1).values(**values)).rowcount == 0:
+        connection.execute(table.insert().values(id=1, **values))
+
+
+def check_version(url: str, version: int | None) -> bool:
+    """True when the store needs creating or migrating; raises if it is newer than the code."""
+    current = schema.SCHEMA_VERSION
+    if version is not None and version > current:
+        raise StoreSchemaError(
+            f"store {url}: schema version {version} is newer than this autospec's "
+            f"{current}; upgrade autospec, or use another store (--store URL)")
+    return version != current
+
+
+def create_or_migrate(connection: Connection, url: str) -> int | None:
+    """Bring the store to schema.SCHEMA_VERSION; returns the version it started from."""
+    version = stored_version(connection)  # re-read under the write lock: another process
+    if not check_version(url, version):   # may have created or migrated it meanwhile
+        return version
+    if version is None:
+        schema.Base.metadata.create_all(connection)
+        stamp(connection, schema.SCHEMA_VERSION)
+        return None
+    steps = dict(MIGRATIONS)
+    for v in range(version, schema.SCHEMA_VERSION):
+        if v not in steps:
+            raise StoreSchemaError(f"store {url}: no migration from schema version {v} to "
+                                   f"{v + 1} (have: {sorted(steps) or 'none'})")
+        steps[v](connection)
+        stamp(connection, v + 1)
+    # tables added since (a migration may leave new tables to this): create what is missing
+    schema.Base.metadata.create_all(connection)
+    return version

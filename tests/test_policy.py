@@ -1,0 +1,164 @@
+"""Policy files: validation errors name file, field and what is accepted; the CLI."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autospec.cli import main
+from autospec.controller.adaptive import ControllerSettings
+from autospec.policy import PolicyError, diff_policies, load_policy, parse_policy
+
+DEFAULT = Path(__file__).resolve().parents[1] / "policies" / "default.yaml"
+
+TUNED = """\
+schema_version: 1
+drafters: [ngram, draft-model]
+k_max: 6
+controller: {discount: 0.9, thompson: false}
+priors: {ngram: {acceptance_mean: 0.7}}
+workloads:
+  copy-heavy:
+    k_max: 12
+    controller: {hysteresis: 0.1}
+    priors: {ngram: {acceptance_mean: 0.9}}
+  completion:
+    drafters: [draft-model]
+provenance: {study: ref-cpu-mixed, trial: 41, objective_value: 57.25, git_sha: 7d38e04,
+             hardware: cpu-2core, date: 2026-11-30}
+"""
+
+
+def write(tmp_path, text, name="x.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def run(*args):
+    result = CliRunner().invoke(main, ["policy", *map(str, args)])
+    assert "Traceback" not in result.output
+    return result
+
+
+def test_default_policy_is_the_code_defaults():
+    policy = load_policy(DEFAULT)
+    assert policy.to_settings() == ControllerSettings()
+    assert policy.resolve().k_min == 1
+    assert dict(policy.resolve().priors) == {"draft-model": 0.5, "early-exit": 0.5, "ngram": 0.5}
+    assert parse_policy("schema_version: 1").policy_hash == policy.policy_hash  # nothing but defaults
+
+
+def test_workload_overrides_merge_field_by_field(tmp_path):
+    policy = load_policy(write(tmp_path, TUNED))
+    copy = policy.to_settings("copy-heavy")
+    assert (copy.k_max, copy.hysteresis, copy.discount, copy.thompson) == (12, 0.1, 0.9, False)
+    assert policy.resolve("copy-heavy").priors["ngram"] == 0.9
+    assert policy.resolve("copy-heavy").priors["draft-model"] == 0.5  # base's default kept
+    assert policy.to_settings("completion").drafters == ("draft-model",)
+    # a workload the file does not list, and no workload, get the base parameters
+    assert policy.to_settings("unlisted") == policy.to_settings(None)
+    assert policy.provenance.trial == 41 and policy.provenance.date == "2026-11-30"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.parameters.k_max = 3
+    with pytest.raises(TypeError):
+        policy.parameters.priors["ngram"] = 0.1
+
+
+def test_hash_ignores_form_and_provenance_but_not_values():
+    policy = parse_policy(TUNED)
+    reformatted = "# a comment\n" + TUNED.replace("provenance: {study: ref-cpu-mixed,",
+                                                   "provenance: {study: other,")
+    assert parse_policy(reformatted).policy_hash == policy.policy_hash
+    assert parse_policy(TUNED.replace("k_max: 6", "k_max: 7")).policy_hash != policy.policy_hash
+    assert parse_policy(policy.to_yaml()) == policy  # the written form reads back the same
+    assert len(policy.policy_hash) == 64
+
+
+@pytest.mark.parametrize("text, error", [
+    ("schema_version: 1\ncontroller: {discount: fast}",
+     "controller.discount: expected a number in (0, 1], got 'fast'"),
+    ("schema_version: 1\ncontroller: {discount: 0}",
+     "controller.discount: expected a number in (0, 1], got 0"),
+    ("schema_version: 1\ncontroller: {discout: 0.9}",
+     "controller.discout: unknown field (did you mean 'discount'? accepted: counterfactual, "
+     "discount, hysteresis, ngram_n, prior_discount, prior_strength, thompson)"),
+    ("schema_version: 1\nworkloads: {copy-heavy: {k_max: 100}}",
+     "workloads.copy-heavy.k_max: expected an integer in [1, 64], got 100"),
+    ("schema_version: 1\nk_max: 4\nworkloads: {copy-heavy: {k_min: 6}}",
+     "workloads.copy-heavy.k_min: k_min 6 is above k_max 4; expected k_min <= k_max"),
+    ("schema_version: 1\ndrafters: [ngram, ngarm]",
+     "drafters[1]: unknown drafter 'ngarm' (known: draft-model, early-exit, ngram, synthetic"),
+    ("schema_version: 1\npriors: {ngram: {acceptance_mean: 1.0}}",
+     "priors.ngram.acceptance_mean: expected a number in (0, 1), got 1.0"),
+    ("schema_version: 1\ncontroller: {thompson: 'yes'}",
+     "controller.thompson: expected true or false, got 'yes'"),
+    ("schema_version: 1\ncontroller: {ngram_n: [4, 1]}",
+     "controller.ngram_n: expected [n_min, n_max], integers with 1 <= n_min <= n_max, got [4, 1]"),
+    ("schema_version: 1\ncontroller: {prior_strength: 1e-3}",
+     "expected a number >= 0, got '1e-3' (YAML reads 1e-3 as text: write e.g. 1.0e-3"),
+    ("schema_version: 1\nprovenance: {trial: -1}",
+     "provenance.trial: expected an integer >= 0, got -1"),
+    ("schema_version: 1\nprovenance: {date: last tuesday}", "provenance.date: expected an ISO 8601 date"),
+    ("schema_version: 1\nk_max: 8\nk_max: 4", "not valid YAML: line 3, column 1: key 'k_max' given twice"),
+    ("schema_version: 1\nkmax: 4", "kmax: unknown field (did you mean 'k_max'?"),
+    ("schema_version: 1\nworkloads: {w: {provenance: {}}}", "workloads.w.provenance: unknown field"),
+    ("schema_version: 2\nnew_field: 1", "schema_version: expected 1 (the version this autospec reads), got 2"),
+    ("k_max: 4", "schema_version: missing; expected 1"),
+    ("", "top level: empty file; expected at least 'schema_version: 1'"),
+    ("schema_version: [1", "not valid YAML: line 1, column 19"),
+])
+def test_invalid_files_name_file_field_and_accepted_values(tmp_path, text, error):
+    path = write(tmp_path, text)
+    with pytest.raises(PolicyError) as err:
+        load_policy(path)
+    assert str(err.value).startswith(f"{path}: ")
+    assert error in str(err.value)
+
+
+def test_cli_validate_one_line_per_file(tmp_path):
+    good = write(tmp_path, TUNED, "good.yaml")
+    bad = write(tmp_path, "schema_version: 1\ncontroller: {discount: fast}", "bad.yaml")
+    result = run("validate", DEFAULT, good)
+    assert result.exit_code == 0
+    assert result.output.splitlines()[0].startswith(f"{DEFAULT}: ok (")
+    result = run("validate", good, bad, tmp_path / "missing.yaml")
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert len(lines) == 3 and lines[0].startswith(f"{good}: ok")
+    assert lines[1] == f"{bad}: controller.discount: expected a number in (0, 1], got 'fast'"
+    assert lines[2].startswith(f"{tmp_path / 'missing.yaml'}: cannot read")
+
+
+def test_cli_show_resolves_workloads(tmp_path):
+    result = run("show", write(tmp_path, TUNED))
+    assert result.exit_code == 0, result.output
+    assert f"policy_hash: {parse_policy(TUNED).policy_hash}" in result.output
+    assert "copy-heavy:\n    drafters: [ngram, draft-model]\n    k_min: 1\n    k_max: 12" in result.output
+    result = run("show", write(tmp_path, "schema_version: 3", "new.yaml"))
+    assert result.exit_code != 0 and "schema_version: expected 1" in result.output
+
+
+def test_cli_diff_one_changed_field_per_line(tmp_path):
+    result = run("diff", DEFAULT, write(tmp_path, TUNED))
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == diff_policies(load_policy(DEFAULT), parse_policy(TUNED))
+    assert result.output.splitlines()[:5] == [
+        'drafters: ["ngram", "draft-model", "early-exit"] -> ["ngram", "draft-model"]',
+        "k_max: 8 -> 6",
+        "controller.discount: 0.97 -> 0.9",
+        "controller.thompson: true -> false",
+        "priors.early-exit.acceptance_mean: 0.5 -> (unset)",
+    ]
+    assert "workloads.copy-heavy.k_max: (unset) -> 12" in result.output
+    assert "provenance.trial: (unset) -> 41" in result.output
+    assert run("diff", DEFAULT, DEFAULT).output == ""
+
+
+def test_provenance_values_yaml_would_misread():
+    policy = parse_policy("schema_version: 1\n"
+                          "provenance: {date: '2026-11-30T08:00:00+00:00', git_sha: '0123456'}")
+    assert policy.provenance.date == "2026-11-30T08:00:00+00:00"
+    assert parse_policy(policy.to_yaml()) == policy
+    with pytest.raises(PolicyError, match=r"provenance.git_sha: expected a non-empty string \(in quotes"):
+        parse_policy("schema_version: 1\nprovenance: {git_sha: 1234567}")

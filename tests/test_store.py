@@ -1,0 +1,210 @@
+"""The store on real SQLite files: idempotent ingest, WAL, schema versions, failures."""
+import dataclasses
+
+import pytest
+from sqlalchemy import event, inspect, select, text
+
+from autospec.store import (Estimate, StepAggregate, StoreError, StoreSchemaError, default_url,
+                            open_store, step_aggregates)
+from autospec.store import migrations, schema
+from autospec.store.schema import RequestRow, SchemaVersionRow, StepAggregateRow
+from autospec.telemetry import RequestRecord, StepRecord, summarise
+
+
+def step(request_id, i, drafter="ngram", k=4, proposed=4, accepted=2, emitted=3):
+    return StepRecord(request_id, i, drafter, k, proposed, accepted, emitted,
+                      draft_seconds=0.001, verify_seconds=0.01, verify_tokens=proposed + 1,
+                      context_tokens=10 + i, bytes_moved=1_000_000, bandwidth_gbs=0.1)
+
+
+def record(request_id, n_steps=4, workload="copy"):
+    steps = [step(request_id, i, accepted=i % 3) for i in range(n_steps)]
+    steps.append(step(request_id, n_steps, drafter="none", k=0, proposed=0, accepted=0, emitted=1))
+    return summarise(request_id, 12, steps, wall_seconds=0.5, workload=workload)
+
+
+@pytest.fixture
+def url(tmp_path):
+    return f"sqlite:///{tmp_path / 'autospec.db'}"
+
+
+def test_step_aggregates_sums_per_drafter_and_k():
+    steps = [step("r", 0, k=4, proposed=4, accepted=4, emitted=5),
+             step("r", 1, k=4, proposed=3, accepted=1, emitted=2),
+             step("r", 2, k=2, proposed=2, accepted=0, emitted=1),
+             step("r", 3, drafter="none", k=0, proposed=0, accepted=0, emitted=1)]
+    assert step_aggregates(steps) == [
+        StepAggregate("ngram", 2, 1, 2, 0, 1, 3, 0.001, 0.01),
+        StepAggregate("ngram", 4, 2, 7, 5, 7, 9, 0.002, 0.02),
+        StepAggregate("none", 0, 1, 0, 0, 1, 1, 0.001, 0.01),
+    ]
+    assert step_aggregates([]) == []
+
+
+def test_every_record_field_has_a_column():
+    columns = set(RequestRow.__table__.c.keys())
+    fields = {f.name for f in dataclasses.fields(RequestRecord)} - {"step_records"}
+    assert fields <= columns
+    assert all(t.startswith("autospec_") for t in schema.Base.metadata.tables)  # Optuna shares the file
+
+
+def test_ingest_is_idempotent_per_batch(url):
+    with open_store(url) as store:
+        batch = [record("r1"), record("r2")]
+        assert store.ingest(batch, "engine-a:1", "reference", "cpu") == 2
+        # the same batch re-sent after a crash: nothing new
+        assert store.ingest(batch, "engine-a:1", "reference", "cpu") == 0
+        # a re-send that also carries a request the first send lacked: only that one
+        assert store.ingest(batch + [record("r3")], "engine-a:1", "reference", "cpu") == 1
+        assert store.count_requests() == 3
+        assert store.count_requests(workload="copy", model_pair="reference", hardware="cpu") == 3
+        assert store.count_requests(model_pair="other") == 0
+        with store.session_scope(write=False) as session:
+            row = session.scalar(select(RequestRow).where(RequestRow.request_id == "r1"))
+            assert row.to_record() == dataclasses.replace(batch[0], step_records=[])
+            aggs = {(a.drafter, a.k): a.steps for a in row.step_aggregates}
+            assert aggs == {("ngram", 4): 4, ("none", 0): 1}
+            assert session.scalar(select(StepAggregateRow.id).limit(1)) is not None
+
+
+def test_ingest_refuses_a_batch_with_a_request_twice(url):
+    with open_store(url) as store:
+        with pytest.raises(ValueError, match="batch 'b' holds request 'r1' twice"):
+            store.ingest([record("r1"), record("r1")], "b", "reference", "cpu")
+        assert store.count_requests() == 0
+
+
+def test_sqlite_runs_in_wal_mode(url):
+    with open_store(url) as store, store.engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 10_000
+
+
+def test_default_store_lives_in_the_data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOSPEC_DATA", str(tmp_path / "data"))
+    with open_store() as store:
+        store.ingest([record("r1")], "b", "reference", "cpu")
+    assert (tmp_path / "data" / "autospec.db").is_file()
+    monkeypatch.delenv("AUTOSPEC_DATA")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert default_url() == f"sqlite:///{tmp_path / 'xdg' / 'autospec' / 'autospec.db'}"
+
+
+def test_estimates_round_trip_and_replace(url):
+    with open_store(url) as store:
+        first = Estimate("ngram", "copy", [0.9, 0.8], [10, 5], 1e-4, 0.04, 0.002)
+        pooled = Estimate("draft-model", "*", [0.6], [3.5], 2e-3)
+        assert store.save_estimates("reference", "cpu", [first, pooled]) == 2
+        store.save_estimates("reference", "cpu", [dataclasses.replace(first, observations=(11, 6))])
+        loaded = store.load_estimates("reference", "cpu")
+        assert set(loaded) == {"copy", "*"}
+        assert loaded["copy"]["ngram"].observations == (11.0, 6.0)  # replaced, not added
+        assert loaded["copy"]["ngram"].updated_at.tzinfo is not None
+        assert loaded["*"]["draft-model"].verify_base_seconds is None
+        assert store.load_estimates("reference", "gpu") == {}
+    with pytest.raises(ValueError, match=r"estimate ngram/copy: acceptance 1.5 not in \[0, 1\]"):
+        Estimate("ngram", "copy", [1.5], [1])
+    with pytest.raises(ValueError, match="2 entries but observations has 1"):
+        Estimate("ngram", "copy", [0.5, 0.5], [1])
+
+
+def test_applied_policies_in_order(url):
+    with open_store(url) as store:
+        store.record_policy("a" * 64, "policies/default.yaml", 1)
+        store.record_policy("b" * 64, "policies/tuned.yaml", 1)
+        assert [p.path for p in store.applied_policies()] == ["policies/default.yaml",
+                                                              "policies/tuned.yaml"]
+
+
+def _set_version(url, version):
+    with open_store(url) as store, store.session_scope() as session:
+        session.get(SchemaVersionRow, 1).version = version
+
+
+def test_newer_schema_is_refused_with_both_versions(url):
+    _set_version(url, schema.SCHEMA_VERSION + 1)
+    with pytest.raises(StoreSchemaError) as err:
+        open_store(url)
+    message = str(err.value)
+    assert url in message
+    assert f"schema version {schema.SCHEMA_VERSION + 1} is newer than this autospec's " \
+           f"{schema.SCHEMA_VERSION}" in message
+
+
+def test_older_schema_is_migrated_in_order_once(url, monkeypatch):
+    with open_store(url) as store:
+        store.ingest([record("r1")], "b", "reference", "cpu")
+    ran = []
+
+    def add_note(connection):  # a pretend v1 -> v2: one new column
+        ran.append(1)
+        connection.execute(text("ALTER TABLE autospec_applied_policies ADD COLUMN note VARCHAR"))
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(migrations, "MIGRATIONS", [(1, add_note)])
+    for _ in range(2):
+        with open_store(url) as store:
+            assert store.count_requests() == 1  # the data came along
+            columns = {c["name"] for c in inspect(store.engine).get_columns("autospec_applied_policies")}
+            assert "note" in columns
+            with store.session_scope(write=False) as session:
+                assert session.get(SchemaVersionRow, 1).version == 2
+    assert ran == [1]  # migrated on the first open only
+
+
+def test_failed_migration_leaves_the_old_schema(url, monkeypatch):
+    open_store(url).close()
+
+    def broken(connection):
+        connection.execute(text("ALTER TABLE autospec_applied_policies ADD COLUMN note VARCHAR"))
+        raise RuntimeError("migration bug")
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(migrations, "MIGRATIONS", [(1, broken)])
+    with pytest.raises(RuntimeError, match="migration bug"):
+        open_store(url)
+    monkeypatch.setattr(migrations, "MIGRATIONS", [])
+    with pytest.raises(StoreSchemaError, match="no migration from schema version 1 to 2"):
+        open_store(url)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 1)
+    with open_store(url) as store:  # DDL rolled back with the transaction: still a clean v1
+        columns = {c["name"] for c in inspect(store.engine).get_columns("autospec_applied_policies")}
+        assert "note" not in columns
+
+
+def test_read_only_store_raises_store_error_and_keeps_data(tmp_path, url):
+    with open_store(url) as store:
+        store.ingest([record("r1")], "b1", "reference", "cpu")
+    read_only = f"sqlite:///file:{tmp_path / 'autospec.db'}?mode=ro&uri=true"
+    with open_store(read_only) as store:
+        assert store.count_requests() == 1  # reading still works
+        with pytest.raises(StoreError, match="readonly database") as err:
+            store.ingest([record("r2")], "b2", "reference", "cpu")
+        assert read_only in str(err.value)
+    with open_store(url) as store:
+        assert store.count_requests() == 1
+
+
+def test_full_disk_raises_store_error_and_keeps_committed(url):
+    with open_store(url) as store:
+        store.ingest([record("r1")], "b1", "reference", "cpu")
+
+        @event.listens_for(store.engine, "connect")
+        def cap_size(dbapi_connection, _record):  # a disk with no free page left
+            pages = dbapi_connection.execute("PRAGMA page_count").fetchone()[0]
+            dbapi_connection.execute(f"PRAGMA max_page_count = {pages}")
+
+        store.engine.dispose()  # new connections, capped
+        big = [record(f"q{i}", n_steps=30) for i in range(300)]
+        with pytest.raises(StoreError, match="database or disk is full") as err:
+            store.ingest(big, "b2", "reference", "cpu")
+        assert url in str(err.value)
+        assert store.count_requests() == 1  # the failed batch is gone as a whole, r1 stays
+
+
+def test_bad_url_names_it():
+    with pytest.raises(StoreError, match="store nosuchdb://x: not a usable SQLAlchemy URL"):
+        open_store("nosuchdb://x")
+    with pytest.raises(StoreError, match="cannot open"):
+        open_store("sqlite:////nonexistent-dir/sub/autospec.db")
