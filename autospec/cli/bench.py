@@ -68,6 +68,9 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     measured = report["measured"]
     click.echo(f"\nv(K) = {json.dumps({k: round(v, 3) for k, v in measured['v'].items()})}")
     click.echo(f"c    = {json.dumps({k: round(v, 3) for k, v in measured['c'].items()})}")
+    for drafter, by_category in measured["alpha"].items():
+        for category, alphas in by_category.items():
+            click.echo(f"alpha[{drafter}][{category}] = {[round(a, 2) for a in alphas]}")
     if record_path:
         if temperature > 0:
             raise click.ClickException("--record needs greedy decoding (--temperature 0)")

@@ -184,5 +184,10 @@ Built by `autospec models build --preset {p['name']}` (seed {p['seed']}), from t
 - training: target {card['training']['target']['train_seconds']} s, draft
   {card['training']['draft']['train_seconds']} s of CPU wall time
 
-Full figures: `card.json`.
+{_notes(p)}Full figures: `card.json`.
 """
+
+
+def _notes(preset: dict) -> str:
+    notes = preset.get("notes") or {}
+    return "".join(f"Note ({key}): {text}\n\n" for key, text in notes.items())
