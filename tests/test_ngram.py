@@ -1,6 +1,8 @@
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from autospec.drafters.ngram import ngram_match
+from autospec.drafters.ngram import NgramIndex, ngram_match
 
 
 def test_longest_suffix_wins_and_most_recent_occurrence():
@@ -21,3 +23,22 @@ def test_continuation_is_cut_at_k_and_at_the_end():
     tokens = np.array([4, 5, 6, 4])
     assert ngram_match(tokens, 1, 2, 10) == [5, 6, 4]
     assert ngram_match(tokens, 1, 2, 1) == [5]
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.integers(0, 5), min_size=1, max_size=60), k=st.integers(1, 8),
+       n=st.tuples(st.integers(1, 3), st.integers(0, 3)))
+def test_incremental_index_equals_the_definition_at_every_length(tokens, k, n):
+    n_min, n_max = n[0], n[0] + n[1]
+    index = NgramIndex(n_min, n_max)
+    for end in range(1, len(tokens) + 1):
+        index.sync(tokens[:end])
+        assert index.propose(k) == ngram_match(np.array(tokens[:end]), n_min, n_max, k)
+
+
+def test_index_rebuilds_when_the_context_is_not_an_extension():
+    index = NgramIndex(1, 2)
+    index.sync([1, 2, 3, 1, 2])
+    assert index.propose(2) == [3, 1]
+    index.sync([7, 8, 7])
+    assert index.propose(2) == [8, 7]

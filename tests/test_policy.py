@@ -145,7 +145,7 @@ def test_cli_diff_one_changed_field_per_line(tmp_path):
     assert result.output.splitlines() == diff_policies(load_policy(DEFAULT), parse_policy(TUNED))
     assert result.output.splitlines()[:5] == [
         'drafters: ["ngram", "draft-model", "early-exit"] -> ["ngram", "draft-model"]',
-        "k_max: 8 -> 6",
+        "k_max: 16 -> 6",
         "controller.discount: 0.97 -> 0.9",
         "controller.thompson: true -> false",
         "priors.early-exit.acceptance_mean: 0.5 -> (unset)",

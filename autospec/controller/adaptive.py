@@ -26,7 +26,7 @@ import numpy as np
 from autospec.controller.decide import Choice, best_choice
 from autospec.controller.estimates import AcceptanceEstimate, CostModel
 from autospec.drafters.base import drafter_class
-from autospec.drafters.ngram import ngram_match
+from autospec.drafters.ngram import NgramIndex
 from autospec.telemetry import StepRecord
 
 DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
@@ -35,7 +35,7 @@ DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
 @dataclass
 class ControllerSettings:
     drafters: tuple[str, ...] = DEFAULT_DRAFTERS
-    k_max: int = 8
+    k_max: int = 16  # n-gram on repetitive text pays up to ~16 (hf-heuristic caps there too)
     discount: float = 0.97  # per-request evidence decay per step (~33 steps of memory)
     prior_strength: float = 4.0  # pseudo-observations a workload prior is worth per position
     prior_discount: float = 0.995  # slower decay of the pooled per-workload estimates
@@ -57,6 +57,7 @@ class _RequestState:
     acceptance: dict[str, AcceptanceEstimate]
     current: Choice | None = None
     used: set = field(default_factory=set)  # drafters that have run in this request
+    ngram: NgramIndex | None = None  # the request's context, indexed for counterfactuals
 
 
 @dataclass
@@ -90,7 +91,8 @@ class AdaptiveController:
             prior = self._prior(request.workload)
             acceptance = {d: AcceptanceEstimate(s.k_max, prior[d].mean(), s.prior_strength,
                                                 s.discount) for d in self.drafters}
-            state = self._requests[request.request_id] = _RequestState(acceptance)
+            state = self._requests[request.request_id] = _RequestState(
+                acceptance, ngram=NgramIndex(*s.ngram_n))
         return state
 
     # -- the fast path -------------------------------------------------------------------
@@ -117,7 +119,7 @@ class AdaptiveController:
             if kept * (1 + self.settings.hysteresis) >= best.rate:
                 best = Choice(current.drafter, 0, kept)
         # ... and K from the posterior means: changing K costs nothing, so no noise there.
-        if best.drafter is not None:
+        if best.drafter is not None and self.settings.thompson:
             best = best_choice({best.drafter: means[best.drafter]}, draft_s, verify, k_max)
         state.current = best
         return best.drafter, best.k
@@ -148,10 +150,11 @@ class AdaptiveController:
 
         Only the `emitted` tokens are known to be the target's; a proposal longer than that is
         censored there (positions past it are left unobserved)."""
-        context = np.asarray(request.tokens[:len(request.tokens) - emitted])
-        verified = request.tokens[len(context):]
-        n_min, n_max = self.settings.ngram_n
-        proposal = ngram_match(context, n_min, n_max, self.settings.k_max)
+        state = self._requests[request.request_id]
+        before = len(request.tokens) - emitted
+        state.ngram.sync(request.tokens[:before])  # O(new tokens): the index only grows
+        verified = request.tokens[before:]
+        proposal = state.ngram.propose(self.settings.k_max)
         if not proposal:
             return 1, 0
         matched = 0

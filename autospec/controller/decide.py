@@ -1,11 +1,9 @@
-"""The decision, as a pure function: which (drafter, k) maximises expected tokens per second."""
+"""The decision, as pure functions: which (drafter, k) maximises expected tokens per second."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-
-from autospec.controller.formulas import token_rates
 
 
 @dataclass(frozen=True)
@@ -15,21 +13,31 @@ class Choice:
     rate: float  # expected tokens per second
 
 
+def rate_table(alphas: np.ndarray, draft_seconds: np.ndarray, verify_seconds: np.ndarray) -> np.ndarray:
+    """Expected tokens per second of every (drafter, K), all drafters in one pass.
+
+    alphas: (D, K_max) per-position acceptance; draft_seconds: (D,) per drafted token;
+    verify_seconds: (K_max+1,). Returns (D, K_max+1); column 0 is plain decoding.
+    E(K) = 1 + sum_{k<=K} prod_{j<=k} alpha_j over round seconds c_d K + v(K) (DESIGN.md).
+    """
+    d, k_max = alphas.shape
+    expected = np.ones((d, k_max + 1))
+    expected[:, 1:] += np.cumsum(np.cumprod(alphas, axis=1), axis=1)
+    seconds = draft_seconds[:, None] * np.arange(k_max + 1) + verify_seconds[:k_max + 1]
+    return expected / seconds
+
+
 def best_choice(alphas: dict[str, np.ndarray], draft_seconds: dict[str, float],
                 verify_seconds: np.ndarray, k_limit: int) -> Choice:
-    """Maximise E(K) / (draft_seconds * K + verify_seconds[K]) over drafters and K in 1..k_limit,
-    against plain decoding (K = 0, rate 1 / verify_seconds[0]).
-
-    alphas: drafter -> (K_max,) per-position acceptance. verify_seconds: (K_max+1,).
-    """
-    best = Choice(None, 0, 1.0 / float(verify_seconds[0]))
+    """Maximise expected tokens per second over drafters and K in 1..k_limit, against plain
+    decoding (K = 0, rate 1 / verify_seconds[0])."""
+    names = list(alphas)
     k_limit = min(k_limit, len(verify_seconds) - 1)
-    if k_limit < 1:
-        return best
-    for drafter, alpha in alphas.items():
-        rates = token_rates(alpha[:k_limit], draft_seconds[drafter], verify_seconds[:k_limit + 1])
-        k = int(np.argmax(rates[1:])) + 1
-        if rates[k] > best.rate:
-            best = Choice(drafter, k, float(rates[k]))
-    return best
-
+    plain = Choice(None, 0, 1.0 / float(verify_seconds[0]))
+    if not names or k_limit < 1:
+        return plain
+    table = rate_table(np.stack([alphas[n][:k_limit] for n in names]),
+                       np.array([draft_seconds[n] for n in names]), verify_seconds)
+    row, k = np.unravel_index(int(np.argmax(table[:, 1:])), table[:, 1:].shape)
+    best = Choice(names[row], int(k) + 1, float(table[row, k + 1]))
+    return best if best.rate > plain.rate else plain

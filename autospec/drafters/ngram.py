@@ -1,6 +1,10 @@
 """Prompt lookup (n-gram) drafting: copy what followed the last time the context's tail appeared.
 
-The matcher is a pure function over a token array; the class only holds n_min / n_max.
+`ngram_match` is the definition, a pure function over a token array. `NgramIndex` gives the
+same answers incrementally for an append-only token list (a request's context only grows):
+a dict from each n-gram to where it last ended and where it ended before that, so a proposal
+costs O(n_max) instead of a scan of the whole context — the controller scores n-gram
+counterfactually every step, so this is on the hot path.
 """
 from __future__ import annotations
 
@@ -28,14 +32,60 @@ def ngram_match(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]
     return []
 
 
-@register("ngram")
-class NgramDrafter(Drafter):
-    cost_hint = 0.01  # microseconds of numpy against milliseconds of target forward
+class NgramIndex:
+    """ngram_match over an append-only token list, incrementally."""
 
-    def __init__(self, models=None, n_min: int = 1, n_max: int = 4):
+    def __init__(self, n_min: int, n_max: int):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"ngram needs 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
         self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self._last: dict[tuple, int] = {}  # n-gram -> end (exclusive) of its latest occurrence
+        self._prev: dict[tuple, int] = {}  # n-gram -> end of the occurrence before that
+
+    def extend(self, new_tokens) -> None:
+        tokens, last, prev = self.tokens, self._last, self._prev
+        for token in new_tokens:
+            tokens.append(int(token))
+            end = len(tokens)
+            for n in range(self.n_min, min(self.n_max, end) + 1):
+                gram = tuple(tokens[end - n:end])
+                if gram in last:
+                    prev[gram] = last[gram]
+                last[gram] = end
+
+    def sync(self, tokens: list[int]) -> None:
+        """Index `tokens`, which extend what is indexed (rebuilt if they do not)."""
+        n = len(self.tokens)
+        if n > len(tokens) or (n and tokens[n - 1] != self.tokens[-1]):
+            self.__init__(self.n_min, self.n_max)
+            n = 0
+        self.extend(tokens[n:])
+
+    def propose(self, k: int) -> list[int]:
+        """Same answer as ngram_match(tokens, n_min, n_max, k)."""
+        tokens = self.tokens
+        length = len(tokens)
+        for n in range(min(self.n_max, length - 1), self.n_min - 1, -1):
+            gram = tuple(tokens[length - n:])
+            end = self._last.get(gram)
+            if end == length:  # that is the suffix itself: take the occurrence before it
+                end = self._prev.get(gram)
+            if end is not None:
+                return tokens[end:end + k]
+        return []
+
+
+@register("ngram")
+class NgramDrafter(Drafter):
+    cost_hint = 0.01  # microseconds of dict look-ups against milliseconds of target forward
+
+    def __init__(self, models=None, n_min: int = 1, n_max: int = 4):
+        self.index = NgramIndex(n_min, n_max)
+
+    def reset(self) -> None:
+        self.index = NgramIndex(self.index.n_min, self.index.n_max)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        return Draft(ngram_match(np.asarray(ctx.tokens), self.n_min, self.n_max, k))
+        self.index.sync(ctx.tokens)
+        return Draft(self.index.propose(k))
