@@ -213,6 +213,20 @@ def rejection_verify_reference(draft_tokens: torch.Tensor, num_draft: torch.Tens
 
 
 @triton.jit
+def _residual_tile(target_row, draft_row, cols, in_vocab, draft_len, zeroed, rejecting,
+                   HAS_DRAFT_PROBS: tl.constexpr):
+    """One (BLOCK_V,) tile: target probabilities and the residual a rejection samples from
+    (max(0, target - draft), or target with the rejected point-mass token zeroed)."""
+    target = tl.load(target_row + cols, mask=in_vocab, other=0.0).to(tl.float32)
+    if HAS_DRAFT_PROBS:
+        draft = tl.load(draft_row + cols, mask=cols < draft_len, other=0.0).to(tl.float32)
+        residual = tl.where(rejecting, tl.maximum(target - draft, 0.0), target)
+    else:
+        residual = tl.where(cols == zeroed, 0.0, target)
+    return target, residual
+
+
+@triton.jit
 def _rejection_verify_kernel(draft_ptr, num_draft_ptr, draft_probs_ptr, target_probs_ptr,
                              uniforms_ptr, recover_ptr, accepted_ptr, next_ptr,
                              K_max, V, stride_db, stride_ub, stride_dpb, stride_dpk,
@@ -254,12 +268,8 @@ def _rejection_verify_kernel(draft_ptr, num_draft_ptr, draft_probs_ptr, target_p
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         in_vocab = cols < V
-        target = tl.load(target_row + cols, mask=in_vocab, other=0.0).to(tl.float32)
-        if HAS_DRAFT_PROBS:
-            draft = tl.load(draft_row + cols, mask=cols < draft_len, other=0.0).to(tl.float32)
-            residual = tl.where(rejecting, tl.maximum(target - draft, 0.0), target)
-        else:
-            residual = tl.where(cols == zeroed, 0.0, target)
+        target, residual = _residual_tile(target_row, draft_row, cols, in_vocab, draft_len,
+                                          zeroed, rejecting, HAS_DRAFT_PROBS)
         residual_total += tl.sum((residual * _FIXED_ONE).to(tl.int64))
         target_total += tl.sum((target * _FIXED_ONE).to(tl.int64))
     use_target = residual_total == 0
@@ -273,12 +283,8 @@ def _rejection_verify_kernel(draft_ptr, num_draft_ptr, draft_probs_ptr, target_p
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         in_vocab = cols < V
-        target = tl.load(target_row + cols, mask=in_vocab, other=0.0).to(tl.float32)
-        if HAS_DRAFT_PROBS:
-            draft = tl.load(draft_row + cols, mask=cols < draft_len, other=0.0).to(tl.float32)
-            residual = tl.where(rejecting, tl.maximum(target - draft, 0.0), target)
-        else:
-            residual = tl.where(cols == zeroed, 0.0, target)
+        target, residual = _residual_tile(target_row, draft_row, cols, in_vocab, draft_len,
+                                          zeroed, rejecting, HAS_DRAFT_PROBS)
         mass = tl.where(use_target, target, residual)
         mass = (mass * _FIXED_ONE).to(tl.int64)                       # (BLOCK_V,)
         prefix = running + tl.cumsum(mass, axis=0)

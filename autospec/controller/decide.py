@@ -5,26 +5,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autospec.controller.formulas import rate_table
+
 
 @dataclass(frozen=True)
 class Choice:
     drafter: str | None  # None = plain decoding (k = 0)
     k: int
     rate: float  # expected tokens per second
-
-
-def rate_table(alphas: np.ndarray, draft_seconds: np.ndarray, verify_seconds: np.ndarray) -> np.ndarray:
-    """Expected tokens per second of every (drafter, K), all drafters in one pass.
-
-    alphas: (D, K_max) per-position acceptance; draft_seconds: (D,) per drafted token;
-    verify_seconds: (K_max+1,). Returns (D, K_max+1); column 0 is plain decoding.
-    E(K) = 1 + sum_{k<=K} prod_{j<=k} alpha_j over round seconds c_d K + v(K) (DESIGN.md).
-    """
-    d, k_max = alphas.shape
-    expected = np.ones((d, k_max + 1))
-    expected[:, 1:] += np.cumsum(np.cumprod(alphas, axis=1), axis=1)
-    seconds = draft_seconds[:, None] * np.arange(k_max + 1) + verify_seconds[:k_max + 1]
-    return expected / seconds
 
 
 def best_choice(alphas: dict[str, np.ndarray], draft_seconds: dict[str, float],

@@ -16,18 +16,19 @@ def expected_tokens(alpha: np.ndarray) -> np.ndarray:
     return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(alpha))])
 
 
-def round_seconds(draft_seconds_per_token: float, verify_seconds: np.ndarray) -> np.ndarray:
-    """(K_max+1,) seconds of one round for K = 0..K_max."""
-    k = np.arange(len(verify_seconds))
-    return draft_seconds_per_token * k + verify_seconds
+def rate_table(alphas: np.ndarray, draft_seconds: np.ndarray, verify_seconds: np.ndarray) -> np.ndarray:
+    """Expected tokens per second of every (drafter, K), all drafters in one pass.
 
-
-def token_rates(alpha: np.ndarray, draft_seconds_per_token: float,
-                verify_seconds: np.ndarray) -> np.ndarray:
-    """(K_max+1,) expected tokens per second for K = 0..K_max."""
-    return expected_tokens(alpha) / round_seconds(draft_seconds_per_token, verify_seconds)
+    alphas: (D, K_max) per-position acceptance; draft_seconds: (D,) per drafted token;
+    verify_seconds: (K_max+1,). Returns (D, K_max+1); column 0 is plain decoding.
+    """
+    d, k_max = alphas.shape
+    expected = np.ones((d, k_max + 1))
+    expected[:, 1:] += np.cumsum(np.cumprod(alphas, axis=1), axis=1)
+    seconds = draft_seconds[:, None] * np.arange(k_max + 1) + verify_seconds[:k_max + 1]
+    return expected / seconds
 
 
 def speedup(alpha: np.ndarray, c: float, v: np.ndarray) -> np.ndarray:
-    """S(K) = E(K) / (c K + v(K)) in units of a plain step; v[0] = 1."""
-    return token_rates(alpha, c, v)
+    """S(K) = E(K) / (c K + v(K)) in units of a plain step (v[0] = 1), K = 0..K_max."""
+    return rate_table(np.asarray(alpha, float)[None], np.array([c]), np.asarray(v, float))[0]

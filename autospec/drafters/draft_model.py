@@ -19,8 +19,8 @@ from autospec.models.pair import kv_bytes_per_token, weight_bytes
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
-    if n == 0:
-        return 0
+    if n == 0 or a[:n] == b[:n]:  # the usual case, one C-level list compare
+        return n
     diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(diff[0]) if len(diff) else n
 

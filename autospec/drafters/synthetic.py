@@ -26,8 +26,8 @@ class SyntheticDrafter(CachedLMDrafter):
         super().__init__(models.target)
 
     def pick(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[int, torch.Tensor | None]:
-        hit = float(torch.rand(1, generator=self.rng)) < self.alpha
         if ctx.sampling.greedy:
+            hit = float(torch.rand(1, generator=self.rng)) < self.alpha
             top2 = torch.topk(logits, 2).indices.tolist()
             return (top2[0] if hit else top2[1]), None
         target_probs = probs_from_logits(logits, ctx.sampling)
