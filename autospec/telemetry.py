@@ -17,6 +17,7 @@ Definitions, fixed here once:
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 
@@ -75,8 +76,12 @@ class RequestRecord:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "RequestRecord":
+        if not isinstance(raw, dict):
+            raise TelemetryError(f"RequestRecord: expected an object, got {type(raw).__name__}")
         raw = dict(raw)
-        steps = raw.pop("step_records", []) or []
+        steps = raw.pop("step_records", None) or []
+        if not isinstance(steps, list):
+            raise TelemetryError(f"RequestRecord.step_records: expected a list, got {steps!r}")
         record = _from_dict(cls, raw)
         record.step_records = [StepRecord.from_dict(s) for s in steps]
         return record
@@ -87,6 +92,33 @@ class TelemetryError(ValueError):
 
 
 _NUMBER = (int, float)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, _NUMBER) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check(cls_name: str, name: str, expected: str, value) -> None:
+    """Type-check one field against its annotation (as written in the dataclass)."""
+    where = f"{cls_name}.{name}"
+    if expected in ("int", "float"):
+        if not _is_number(value):
+            raise TelemetryError(f"{where}: expected a finite number, got {value!r}")
+        if expected == "int" and value != int(value):
+            raise TelemetryError(f"{where}: expected an integer, got {value!r}")
+        if value < 0:
+            raise TelemetryError(f"{where}: expected a number >= 0, got {value!r}")
+    elif expected == "str" and not isinstance(value, str):
+        raise TelemetryError(f"{where}: expected a string, got {value!r}")
+    elif expected == "str | None" and value is not None and not isinstance(value, str):
+        raise TelemetryError(f"{where}: expected a string or null, got {value!r}")
+    elif expected == "list[float]" and (not isinstance(value, list)
+                                        or not all(_is_number(v) for v in value)):
+        raise TelemetryError(f"{where}: expected a list of finite numbers, got {value!r}")
+    elif expected == "dict[str, float]" and (
+            not isinstance(value, dict)
+            or not all(isinstance(k, str) and _is_number(v) for k, v in value.items())):
+        raise TelemetryError(f"{where}: expected an object of name: number, got {value!r}")
 
 
 def _from_dict(cls, raw: dict):
@@ -101,11 +133,7 @@ def _from_dict(cls, raw: dict):
     if missing:
         raise TelemetryError(f"{cls.__name__}: missing field(s) {missing}")
     for name, value in raw.items():
-        expected = fields[name].type
-        if expected in ("int", "float") and (not isinstance(value, _NUMBER) or isinstance(value, bool)):
-            raise TelemetryError(f"{cls.__name__}.{name}: expected a number, got {value!r}")
-        if expected == "str" and not isinstance(value, str):
-            raise TelemetryError(f"{cls.__name__}.{name}: expected a string, got {value!r}")
+        _check(cls.__name__, name, fields[name].type, value)
     return cls(**raw)
 
 

@@ -95,6 +95,29 @@ class AdaptiveController:
                 acceptance, ngram=NgramIndex(*s.ngram_n))
         return state
 
+    def warm_start(self, snapshot: dict, only_if_richer: bool = True) -> int:
+        """Take learned estimates from the slow path (a `Learner.snapshot()`, as GET /v1/params
+        serves it). A (workload, drafter) is replaced only where the snapshot holds more
+        evidence than this controller has gathered itself (`only_if_richer`), so a fresh
+        process starts from the fleet's knowledge and a busy one keeps its own. Costs seed the
+        cost model only before it has measured anything. Returns the estimates taken."""
+        taken = 0
+        for workload, per_drafter in (snapshot.get("acceptance") or {}).items():
+            prior = self._prior(workload)
+            for drafter, saved in per_drafter.items():
+                if drafter not in prior:
+                    continue
+                if only_if_richer and sum(saved["observations"]) <= prior[drafter].observations().sum():
+                    continue
+                prior[drafter].restore(saved["rates"], saved["observations"])
+                taken += 1
+        if self.costs.observed == 0:
+            for drafter, seconds in (snapshot.get("draft_seconds_per_token") or {}).items():
+                self.costs.draft.setdefault(drafter, float(seconds))
+            if snapshot.get("verify_line"):
+                self.costs.seed(*snapshot["verify_line"])
+        return taken
+
     # -- the fast path -------------------------------------------------------------------
     def decide(self, request) -> tuple[str | None, int]:
         state = self._state(request)

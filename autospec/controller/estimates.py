@@ -43,6 +43,23 @@ class AcceptanceEstimate:
         if accepted < proposed and accepted < self.k_max:
             self.ev_b[accepted] += 1
 
+    def update_many(self, proposed, accepted) -> None:
+        """`update` for each (proposed[i], accepted[i]) in order, in one vectorised pass:
+        after n updates the old evidence is scaled by discount^n and update i's increments
+        by discount^(n-1-i). Same result as the loop, to rounding."""
+        proposed = np.asarray(proposed, int)
+        accepted = np.asarray(accepted, int)
+        n = len(proposed)
+        if n == 0:
+            return
+        weights = self.discount ** np.arange(n - 1, -1, -1, dtype=float)  # (n,)
+        positions = np.arange(self.k_max)  # (k_max,)
+        kept = positions[None, :] < np.minimum(accepted, self.k_max)[:, None]  # (n, k_max)
+        rejected = (positions[None, :] == accepted[:, None]) & (accepted < proposed)[:, None]
+        scale = self.discount ** n
+        self.ev_a = self.ev_a * scale + weights @ kept
+        self.ev_b = self.ev_b * scale + weights @ rejected
+
     def _beta(self) -> tuple[np.ndarray, np.ndarray]:
         s = self.strength
         pooled = (self.ev_a.sum() + s * self.prior_mean) / (self.ev_a.sum() + self.ev_b.sum() + s)
@@ -57,6 +74,23 @@ class AcceptanceEstimate:
 
     def observations(self) -> np.ndarray:
         return self.ev_a + self.ev_b
+
+    def rates(self) -> np.ndarray:
+        """Raw evidence rate per position (the pooled mean where there is no evidence): with
+        observations(), all that is needed to restore the estimate (`restore`)."""
+        seen = self.observations()
+        return np.where(seen > 0, self.ev_a / np.maximum(seen, 1e-300), self.mean())
+
+    def restore(self, rates, observations) -> "AcceptanceEstimate":
+        """Replace the evidence by saved (rates, observations), truncated or zero-padded to
+        k_max. Returns self."""
+        n = min(self.k_max, len(rates))
+        seen = np.zeros(self.k_max)
+        seen[:n] = np.asarray(observations, float)[:n]
+        rate = np.zeros(self.k_max)
+        rate[:n] = np.asarray(rates, float)[:n]
+        self.ev_a, self.ev_b = seen * rate, seen * (1 - rate)
+        return self
 
 
 class CostModel:
@@ -86,6 +120,40 @@ class CostModel:
         self._sums *= self.forgetting
         self._sums += (1.0, k, k * k, seconds, k * seconds)
         self.observed += 1
+
+    def observe_verify_many(self, verify_tokens, seconds) -> None:
+        """`observe_verify` for many steps in one pass (clipped against the prediction at the
+        start of the batch rather than step by step)."""
+        k = np.asarray(verify_tokens, float) - 1
+        y = np.asarray(seconds, float)
+        n = len(k)
+        if n == 0:
+            return
+        if self.observed >= 5:
+            predicted = self.verify_seconds()
+            y = np.minimum(y, 3 * predicted[np.minimum(k, self.k_max).astype(int)])
+        weights = self.forgetting ** np.arange(n - 1, -1, -1, dtype=float)
+        terms = np.stack([np.ones(n), k, k * k, y, k * y])  # (5, n)
+        self._sums = self._sums * self.forgetting ** n + terms @ weights
+        self.observed += n
+
+    def seed(self, base: float, slope: float, weight: float = 4.0) -> None:
+        """Start from a saved line v(K) = base + slope * K (a warm start), worth `weight`
+        observations: two pseudo-points at K = 0 and K = k_max / 2."""
+        half = self.k_max / 2
+        self._sums = np.zeros(5)
+        for k in (0.0, half):
+            y = base + slope * k
+            self._sums += (weight / 2, weight / 2 * k, weight / 2 * k * k, weight / 2 * y,
+                           weight / 2 * k * y)
+        self.observed = max(self.observed, int(weight))
+
+    def line(self) -> tuple[float, float] | None:
+        """(base, slope) of the current fit, or None before any observation."""
+        if self.observed == 0:
+            return None
+        v = self.verify_seconds()
+        return float(v[0]), float(v[1] - v[0])
 
     def verify_seconds(self) -> np.ndarray:
         """(k_max+1,) predicted seconds of a forward over K+1 tokens, K = 0..k_max."""

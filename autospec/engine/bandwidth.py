@@ -6,6 +6,7 @@ benchmark (read + write of a 256 MiB tensor, best of 5), measured once and cache
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 
@@ -49,3 +50,10 @@ def _cpu_copy_benchmark() -> float:
     except OSError:
         pass  # a read-only or full disk costs a re-measure next time, nothing else
     return gbs
+
+
+def hardware_name(device: str = "cpu") -> str:
+    """The store's hardware key: estimates learnt on one machine type are not another's."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{platform.machine()}:{os.cpu_count()}cpu:{torch.get_num_threads()}threads"

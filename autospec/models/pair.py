@@ -33,6 +33,15 @@ class ModelPair:
     _exit_views: dict = field(default_factory=dict, repr=False)
 
     @property
+    def key(self) -> str:
+        """The store's model-pair key: "reference" for the shipped pair, else target+draft."""
+        from autospec.paths import REFERENCE_DIR
+        if (Path(self.target_name) == REFERENCE_DIR / "target"
+                and self.draft_name in (None, str(REFERENCE_DIR / "draft"))):
+            return "reference"
+        return f"{self.target_name}+{self.draft_name}" if self.draft_name else self.target_name
+
+    @property
     def max_positions(self) -> int:
         cfg = self.target.config
         return int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048))

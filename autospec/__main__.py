@@ -1,0 +1,4 @@
+"""`python -m autospec ...` = the `autospec` command."""
+from autospec.cli import main
+
+main()

@@ -1,0 +1,59 @@
+"""`autospec demo`: daemon + serve + the mixed workload, on the shipped reference pair."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autospec.cli.options import draft_option, target_option
+
+
+def mixed_prompts() -> Path:
+    from importlib.resources import files
+    return Path(str(files("autospec.configs") / "workloads" / "mixed.jsonl"))
+
+
+@click.command()
+@click.option("--prompts", "prompts_path", type=click.Path(path_type=Path), default=None,
+              help="Workload JSONL. Default: the shipped mixed workload.")
+@click.option("--limit", default=None, type=click.IntRange(min=1),
+              help="Use only the first N prompts of the workload.")
+@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--db", default=None, metavar="URL",
+              help="The daemon's store (env AUTOSPEC_DB). Default: SQLite under the data dir.")
+@target_option
+@draft_option
+def demo(prompts_path, limit, max_tokens, db, target, draft):
+    """Start a daemon and a server, drive a workload through them, show what was chosen."""
+    import os
+
+    from tqdm import tqdm
+
+    from autospec.bench.harness import load_prompts
+    from autospec.demo import DemoError, format_summary, run_demo
+
+    try:
+        prompts = load_prompts(prompts_path or mixed_prompts())
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    prompts = prompts[:limit] if limit else prompts
+    bar = tqdm(total=len(prompts), desc="prompts (plain + adaptive each)", unit="prompt",
+               dynamic_ncols=True)
+
+    def progress(done: int, total: int, speedup: float) -> None:
+        bar.set_postfix(speedup=f"{speedup:.2f}x")
+        bar.update(done - bar.n)
+
+    try:
+        outcome = run_demo(prompts, max_tokens, db or os.environ.get("AUTOSPEC_DB"), target,
+                           draft, echo=lambda m: bar.write(m), progress=progress)
+    except KeyboardInterrupt:
+        bar.close()
+        click.echo("interrupted: daemon and server stopped", err=True)
+        raise SystemExit(130) from None
+    except (DemoError, OSError) as exc:
+        bar.close()
+        raise click.ClickException(str(exc)) from None
+    bar.close()
+    click.echo(format_summary(outcome))
+    click.echo("what the daemon learnt is in the store: `autospec report` plots it")

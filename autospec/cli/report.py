@@ -1,0 +1,31 @@
+"""`autospec report`: PNG plots and a text summary of what the store holds."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--db", "db_url", default=None, envvar="AUTOSPEC_DB", metavar="URL",
+              help="Store URL (SQLAlchemy), env AUTOSPEC_DB. Default: autospec.db in the data dir.")
+@click.option("--out", "out_dir", default="autospec-report", show_default=True,
+              type=click.Path(path_type=Path, file_okay=False), help="Directory for the PNGs and summary.txt.")
+@click.option("--peak-gbs", type=float, default=None, metavar="GB/S",
+              help="Peak memory bandwidth for utilisation. Default: measured on this machine.")
+@click.option("--window", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Requests in each rolling mean of the plots over time.")
+def report(db_url: str | None, out_dir: Path, peak_gbs: float | None, window: int) -> None:
+    """Write acceptance.png, drafters.png, speedup.png, bandwidth.png and summary.txt to
+    --out, and print the summary. Exit 1 when the store holds no requests."""
+    from autospec.report import PLOTS, open_existing, write_report
+    from autospec.store import StoreError
+    if peak_gbs is not None and not peak_gbs > 0:
+        raise click.BadParameter(f"must be > 0 GB/s, got {peak_gbs}", param_hint="--peak-gbs")
+    try:
+        with open_existing(db_url) as store:
+            text = write_report(store, out_dir, peak_gbs=peak_gbs, window=window)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(text, nl=False)
+    click.echo(f"\nwrote {', '.join(PLOTS)}, summary.txt to {out_dir}/")

@@ -1,0 +1,55 @@
+"""`autospec serve`: OpenAI-compatible completions on the engine, reporting to the daemon."""
+from __future__ import annotations
+
+import click
+
+from autospec.cli.options import draft_option, dtype_option, load_engine, target_option
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@target_option
+@draft_option
+@dtype_option
+@click.option("--daemon", "daemon_url", default=None, metavar="URL",
+              help="The daemon: unix:PATH or http://HOST:PORT. Default: none (no telemetry).")
+@click.option("--token", default=None, envvar="AUTOSPEC_DAEMON_TOKEN", show_envvar=True,
+              help="Bearer token for the daemon.")
+@click.option("--model-name", default=None, help="The name clients send as `model`.")
+@click.option("--params-interval", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds between parameter pulls from the daemon.")
+@click.option("--buffer", "buffer_limit", default=10_000, show_default=True,
+              type=click.IntRange(min=1), help="Telemetry records kept while the daemon is away.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(host, port, target, draft, dtype, daemon_url, token, model_name, params_interval,
+          buffer_limit, log_level):
+    """OpenAI /v1/completions (with SSE streaming) on the engine and the online controller."""
+    import asyncio
+
+    from autospec.daemon.client import DaemonClient
+    from autospec.daemon.listen import is_loopback
+    from autospec.daemon.service import configure_logging
+    from autospec.engine.bandwidth import hardware_name, peak_bandwidth_gbs
+    from autospec.serve.server import Server, run_serve
+
+    if not is_loopback(host):
+        click.echo(f"warning: serving on {host}, reachable from the network, without "
+                   f"authentication", err=True)
+    configure_logging(log_level)
+    engine = load_engine(target, draft, dtype)
+    pair_name = engine.models.key
+    client = None
+    if daemon_url:
+        try:
+            client = DaemonClient(daemon_url, pair_name, hardware_name(), token,
+                                  buffer_limit=buffer_limit, peak_bandwidth_gbs=peak_bandwidth_gbs())
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--daemon") from None
+    server = Server(engine, model_name or pair_name, client, params_interval)
+    try:
+        code = asyncio.run(run_serve(server, host, port, announce=click.echo))
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    raise SystemExit(code)

@@ -1,0 +1,192 @@
+"""`autospec demo`: the whole system on the shipped reference pair, in one command.
+
+Starts `autospec daemon` (Unix socket in a temp dir, the store under the data dir, so what it
+learns carries over to the next run) and `autospec serve` on a free loopback port, drives the
+shipped mixed workload through /v1/completions — each prompt once with the online controller
+and once with plain decoding, interleaved, greedy — and ends with what the controller chose
+per category and the speedup against plain decoding measured in this run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+METHODS = ("plain", "adaptive")
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+@dataclass
+class Tally:
+    """Per (category, method): tokens, engine seconds, steps by drafter and by K."""
+    tokens: int = 0
+    seconds: float = 0.0
+    client_seconds: float = 0.0
+    steps: int = 0
+    drafters: dict = field(default_factory=lambda: defaultdict(float))
+    ks: dict = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, metrics: dict, client_seconds: float) -> None:
+        self.tokens += metrics["output_tokens"]
+        self.seconds += metrics["wall_seconds"]
+        self.client_seconds += client_seconds
+        self.steps += metrics["steps"]
+        for name, share in metrics["drafter_shares"].items():
+            self.drafters[name] += share * metrics["steps"]
+        for k, share in metrics["k_shares"].items():
+            self.ks[int(k)] += share * metrics["steps"]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def start(args: list[str], log_path: Path, env: dict) -> subprocess.Popen:
+    log = open(log_path, "w")  # noqa: SIM115 - lives as long as the child
+    return subprocess.Popen([sys.executable, "-m", "autospec", *args], stdout=subprocess.PIPE,
+                            stderr=log, text=True, env=env, start_new_session=True)
+
+
+def wait_listening(proc: subprocess.Popen, name: str, log_path: Path, timeout: float) -> str:
+    """The URL a child announces on its first stdout line ('... listening on URL')."""
+    deadline = time.monotonic() + timeout
+    line = proc.stdout.readline()
+    if "listening on " not in line or time.monotonic() > deadline:
+        tail = log_path.read_text()[-1500:] if log_path.exists() else ""
+        raise DemoError(f"{name} did not start (exit code {proc.poll()}); its log {log_path}:\n{tail}")
+    return line.strip().rsplit("listening on ", 1)[1]
+
+
+def stop(proc: subprocess.Popen | None, timeout: float = 15.0) -> int | None:
+    if proc is None or proc.poll() is not None:
+        return proc.poll() if proc else None
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def complete(url: str, prompt: str, max_tokens: int, method: str, workload: str) -> tuple[dict, float]:
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "autospec": {"method": method, "workload": workload}}).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=600) as reply:
+        payload = json.loads(reply.read())
+    return payload, time.perf_counter() - t0
+
+
+def run_demo(prompts, max_tokens: int, db: str | None, target: str | None, draft: str | None,
+             echo=print, progress=None) -> dict:
+    """Run everything; returns {category: {method: Tally}} and writes nothing but the store."""
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory(prefix="autospec-demo-") as tmp:
+        tmp = Path(tmp)
+        daemon_args = ["daemon", "--listen", f"unix:{tmp / 'daemon.sock'}"]
+        if db:
+            daemon_args += ["--db", db]
+        serve_args = ["serve", "--port", "0", "--daemon", f"unix:{tmp / 'daemon.sock'}",
+                      "--params-interval", "2"]
+        for flag, value in (("--target", target), ("--draft", draft)):
+            if value:
+                serve_args += [flag, value]
+        daemon = serve = None
+        try:
+            daemon = start(daemon_args, tmp / "daemon.log", env)
+            wait_listening(daemon, "autospec daemon", tmp / "daemon.log", 60)
+            serve = start(serve_args, tmp / "serve.log", env)
+            url = wait_listening(serve, "autospec serve", tmp / "serve.log", 300)
+            echo(f"daemon on unix:{tmp / 'daemon.sock'}, serve on {url}")
+            results: dict = defaultdict(lambda: {m: Tally() for m in METHODS})
+            identical = True
+            for i, p in enumerate(prompts):
+                limit = p.max_new_tokens or max_tokens
+                texts = {}
+                # alternate which method goes first, so slow drift favours neither
+                for method in (METHODS if i % 2 == 0 else METHODS[::-1]):
+                    payload, client_s = complete(url, p.prompt, limit, method, p.category)
+                    texts[method] = payload["choices"][0]["text"]
+                    results[p.category][method].add(payload["autospec"], client_s)
+                identical &= texts["plain"] == texts["adaptive"]
+                if progress:
+                    progress(i + 1, len(prompts), overall(results))
+            health = settled_health(url)
+        finally:
+            stop(serve)
+            code = stop(daemon)
+        if daemon is not None and code not in (0, None):
+            echo(f"warning: the daemon exited with code {code}; log:\n"
+                 f"{(tmp / 'daemon.log').read_text()[-1500:]}")
+    return {"categories": dict(results), "identical": identical, "serve": health}
+
+
+def settled_health(url: str, timeout: float = 10.0) -> dict:
+    """serve's /healthz once its telemetry buffer has drained (or after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        health = json.loads(urllib.request.urlopen(f"{url}/healthz", timeout=10).read())
+        if health["daemon"]["unacknowledged"] == 0 or time.monotonic() > deadline:
+            return health
+        time.sleep(0.2)
+
+
+def overall(results: dict) -> float:
+    plain = sum(r["plain"].tokens for r in results.values()) / max(
+        1e-9, sum(r["plain"].seconds for r in results.values()))
+    ours = sum(r["adaptive"].tokens for r in results.values()) / max(
+        1e-9, sum(r["adaptive"].seconds for r in results.values()))
+    return ours / plain if plain else 0.0
+
+
+def format_summary(outcome: dict) -> str:
+    results = outcome["categories"]
+    lines = ["| category | plain tok/s | adaptive tok/s | speedup | drafters chosen (share of "
+             "steps) | K chosen (share of steps) |", "|---|---|---|---|---|---|"]
+    rows = sorted(results.items())
+    total = {m: Tally() for m in METHODS}
+    for category, by_method in rows:
+        ours, plain = by_method["adaptive"], by_method["plain"]
+        for m in METHODS:
+            total[m].tokens += by_method[m].tokens
+            total[m].seconds += by_method[m].seconds
+            total[m].client_seconds += by_method[m].client_seconds
+            total[m].steps += by_method[m].steps
+            for d, n in by_method[m].drafters.items():
+                total[m].drafters[d] += n
+            for k, n in by_method[m].ks.items():
+                total[m].ks[k] += n
+        lines.append(_row(category, plain, ours))
+    lines.append(_row("overall", total["plain"], total["adaptive"]))
+    client = (total["plain"].client_seconds / total["adaptive"].client_seconds
+              if total["adaptive"].client_seconds else 0.0)
+    lines += ["", f"greedy outputs identical to plain decoding: "
+                  f"{'yes' if outcome['identical'] else 'NO'}",
+              f"speedup measured by the client (HTTP round trips included): {client:.2f}x",
+              f"telemetry: {outcome['serve']['daemon']['acknowledged_records']} of "
+              f"{outcome['serve']['daemon']['submitted']} request records acknowledged by the "
+              f"daemon"]
+    return "\n".join(lines)
+
+
+def _row(name: str, plain: Tally, ours: Tally) -> str:
+    def shares(counts: dict) -> str:
+        n = sum(counts.values()) or 1
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:4]
+        return ", ".join(f"{k} {v / n:.0%}" for k, v in top)
+    ratio = ours.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0
+    return (f"| {name} | {plain.tokens_per_s:.1f} | {ours.tokens_per_s:.1f} | {ratio:.2f}x | "
+            f"{shares(ours.drafters)} | {shares({f'K={k}': v for k, v in sorted(ours.ks.items())})} |")

@@ -1,0 +1,116 @@
+"""autospec.report: PNG plots and a text summary of what a store holds.
+
+    from autospec.report import open_existing, write_report
+    with open_existing("sqlite:////abs/autospec.db") as store:
+        text = write_report(store, Path("autospec-report"), peak_gbs=50.0)
+
+stats.py computes every number (pure, testable without matplotlib); plots.py draws them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.orm import selectinload
+
+from autospec.report.stats import (UNLABELLED, RequestPoint, drafter_speeds, summarise_workloads,
+                                   summary_text)
+from autospec.store import AppliedPolicy, StepAggregate, Store, StoreError, default_url, open_store
+from autospec.store.queries import applied_policies
+from autospec.store.schema import RequestRow
+
+PLOTS = ("acceptance.png", "drafters.png", "speedup.png", "bandwidth.png")
+
+
+class EmptyStoreError(StoreError):
+    """The store holds no requests: nothing to report."""
+
+
+@dataclass(frozen=True)
+class Peak:
+    gbs: float
+    source: str  # how it was found, for the summary
+
+
+def open_existing(url: str | None = None) -> Store:
+    """open_store, except that a SQLite file that does not exist is an error rather than a
+    new empty store: a mistyped --db should not leave a stray database behind."""
+    target = url or default_url()
+    try:
+        parsed = make_url(target)
+    except ArgumentError:
+        parsed = None  # open_store words the error
+    if parsed is not None and parsed.get_backend_name() == "sqlite" and parsed.database \
+            and parsed.database != ":memory:" and not parsed.database.startswith("file:") \
+            and not Path(parsed.database).exists():
+        raise StoreError(f"store {target}: no such file {parsed.database!r}; expected an "
+                         f"existing store (--db or AUTOSPEC_DB), e.g. sqlite:////abs/path/autospec.db")
+    return open_store(url)
+
+
+def _utc(moment: datetime) -> datetime:
+    # SQLite keeps no zone: what went in as UTC comes back naive
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
+
+
+def load(store: Store) -> tuple[list[RequestPoint], list[AppliedPolicy]]:
+    """Every stored request in ingest order, with its step aggregates, and every applied
+    policy oldest first. One read transaction."""
+    query = (select(RequestRow).options(selectinload(RequestRow.step_aggregates))
+             .order_by(RequestRow.ingested_at, RequestRow.id))
+    with store.session_scope(write=False) as session:
+        requests = [
+            RequestPoint(
+                workload=row.workload or UNLABELLED, ingested_at=_utc(row.ingested_at),
+                model_pair=row.model_pair, hardware=row.hardware,
+                output_tokens=row.output_tokens, steps=row.steps, proposed=row.proposed,
+                accepted=row.accepted, acceptance_rate=row.acceptance_rate,
+                wall_seconds=row.wall_seconds, draft_seconds=row.draft_seconds,
+                verify_seconds=row.verify_seconds, bytes_moved=row.bytes_moved,
+                bandwidth_gbs=row.bandwidth_gbs,
+                aggregates=tuple(StepAggregate(a.drafter, a.k, a.steps, a.proposed, a.accepted,
+                                               a.emitted, a.verify_tokens, a.draft_seconds,
+                                               a.verify_seconds)
+                                 for a in sorted(row.step_aggregates, key=lambda a: (a.drafter, a.k))))
+            for row in session.scalars(query)]
+        policies = applied_policies(session)
+    return requests, policies
+
+
+def peak_bandwidth(hardware: set[str], given: float | None = None) -> Peak:
+    """The peak GB/s utilisation is measured against: `given`, else this machine's (the
+    store's rows may come from elsewhere: the summary says which was used)."""
+    if given is not None:
+        if not given > 0:
+            raise ValueError(f"peak bandwidth must be > 0 GB/s, got {given!r}")
+        return Peak(given, "from --peak-gbs")
+    from autospec.engine.bandwidth import peak_bandwidth_gbs
+    device = "cuda" if hardware and all(h.startswith("cuda") for h in hardware) else "cpu"
+    return Peak(peak_bandwidth_gbs(device), f"{device} peak of this machine; --peak-gbs to override")
+
+
+def write_report(store: Store, out_dir: Path, peak_gbs: float | None = None,
+                 window: int = 20) -> str:
+    """Write summary.txt and the four PLOTS into out_dir (created); returns the summary.
+    Raises EmptyStoreError before writing anything when the store holds no requests."""
+    if window < 1:
+        raise ValueError(f"rolling window must be >= 1, got {window}")
+    requests, policies = load(store)
+    if not requests:
+        raise EmptyStoreError(f"store {store.url} holds no requests yet: nothing to report "
+                              f"(requests are stored by the daemon or `store.ingest`)")
+    peak = peak_bandwidth({r.hardware for r in requests}, peak_gbs)
+    from autospec.report import plots  # matplotlib only once there is something to draw
+    out_dir.mkdir(parents=True, exist_ok=True)
+    window = min(window, len(requests))
+    plots.plot_acceptance(requests, out_dir / "acceptance.png", window)
+    plots.plot_drafters(summarise_workloads(requests), out_dir / "drafters.png")
+    plots.plot_speedup(drafter_speeds(requests), out_dir / "speedup.png")
+    plots.plot_bandwidth(requests, peak.gbs, out_dir / "bandwidth.png", window)
+    text = summary_text(requests, policies, peak.gbs, peak.source, store.url)
+    (out_dir / "summary.txt").write_text(text)
+    return text

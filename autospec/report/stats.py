@@ -1,0 +1,209 @@
+"""The report's numbers: pure functions over stored requests (no database, no matplotlib).
+
+Pooled figures are ratios of sums, never means of per-request ratios, so a 10-token request
+weighs a tenth of a 100-token one: acceptance rate = sum accepted / sum proposed, accepted
+length = sum emitted / sum steps, tokens/s = sum output tokens / sum wall seconds, bandwidth =
+sum bytes moved / sum (draft + verify) seconds, as telemetry.summarise defines them per request.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from autospec.store import AppliedPolicy, StepAggregate
+
+PLAIN = "none"  # the drafter name of plain (non-speculative) steps, k = 0
+ALL = "all"  # the row of the summary pooled over every workload
+UNLABELLED = "unlabelled"  # the workload of requests stored without one
+
+
+@dataclass(frozen=True)
+class RequestPoint:
+    """One stored request, as the report needs it (a RequestRow with its step aggregates)."""
+    workload: str
+    ingested_at: datetime
+    model_pair: str
+    hardware: str
+    output_tokens: int
+    steps: int
+    proposed: int
+    accepted: int
+    acceptance_rate: float
+    wall_seconds: float
+    draft_seconds: float
+    verify_seconds: float
+    bytes_moved: int
+    bandwidth_gbs: float
+    aggregates: tuple[StepAggregate, ...]
+
+
+@dataclass(frozen=True)
+class WorkloadSummary:
+    workload: str
+    requests: int
+    output_tokens: int
+    acceptance_rate: float | None  # None when nothing was drafted
+    mean_accepted_length: float | None  # emitted tokens per step, bonus token included
+    mean_k: float | None  # steps-weighted, plain steps counting k = 0
+    drafter_shares: dict[str, float]  # {drafter: share of steps}, largest first
+    tokens_per_s: float | None  # output tokens / wall seconds
+    bandwidth_gbs: float | None  # bytes moved / (draft + verify) seconds
+
+
+@dataclass(frozen=True)
+class DrafterSpeed:
+    """Tokens per second of step time (draft + verify) over one drafter's steps."""
+    drafter: str
+    steps: int
+    emitted: int
+    seconds: float
+    tokens_per_s: float | None
+    speedup: float | None  # tokens_per_s / plain's; None without plain steps
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def mean_k(aggregates: Iterable[StepAggregate]) -> float | None:
+    """Steps-weighted mean k. Plain steps count as k = 0: choosing plain is the controller's
+    K = 0 decision, so the mean is of K as chosen, not of K given that it drafted."""
+    steps = weighted = 0
+    for a in aggregates:
+        steps += a.steps
+        weighted += a.steps * a.k
+    return _ratio(weighted, steps)
+
+
+def rolling_mean(values: Sequence[float | None], window: int) -> list[float | None]:
+    """Trailing mean over the last `window` values (fewer at the start); None values are
+    skipped, and a window holding only None gives None."""
+    if window < 1:
+        raise ValueError(f"rolling window must be >= 1, got {window}")
+    out: list[float | None] = []
+    for i in range(len(values)):
+        kept = [v for v in values[max(0, i - window + 1): i + 1] if v is not None]
+        out.append(sum(kept) / len(kept) if kept else None)
+    return out
+
+
+def by_workload(requests: Sequence[RequestPoint]) -> dict[str, list[RequestPoint]]:
+    """Requests per workload, workloads sorted by name, requests in stored order."""
+    groups: dict[str, list[RequestPoint]] = {}
+    for r in requests:
+        groups.setdefault(r.workload, []).append(r)
+    return dict(sorted(groups.items()))
+
+
+def drafter_steps(requests: Iterable[RequestPoint]) -> dict[str, int]:
+    steps: dict[str, int] = {}
+    for r in requests:
+        for a in r.aggregates:
+            steps[a.drafter] = steps.get(a.drafter, 0) + a.steps
+    return steps
+
+
+def summarise_workload(workload: str, requests: Sequence[RequestPoint]) -> WorkloadSummary:
+    steps = drafter_steps(requests)
+    total_steps = sum(steps.values())
+    shares = {d: n / total_steps for d, n in sorted(steps.items(), key=lambda kv: (-kv[1], kv[0]))}
+    output = sum(r.output_tokens for r in requests)
+    step_seconds = sum(r.draft_seconds + r.verify_seconds for r in requests)
+    moved = sum(r.bytes_moved for r in requests)
+    return WorkloadSummary(
+        workload=workload,
+        requests=len(requests),
+        output_tokens=output,
+        acceptance_rate=_ratio(sum(r.accepted for r in requests), sum(r.proposed for r in requests)),
+        mean_accepted_length=_ratio(output, sum(r.steps for r in requests)),
+        mean_k=mean_k(a for r in requests for a in r.aggregates),
+        drafter_shares=shares,
+        tokens_per_s=_ratio(output, sum(r.wall_seconds for r in requests)),
+        bandwidth_gbs=_ratio(moved / 1e9, step_seconds),
+    )
+
+
+def summarise_workloads(requests: Sequence[RequestPoint]) -> dict[str, WorkloadSummary]:
+    """{workload: summary} in name order, then "all" pooled over every request."""
+    out = {w: summarise_workload(w, rs) for w, rs in by_workload(requests).items()}
+    out[ALL] = summarise_workload(ALL, requests)
+    return out
+
+
+def drafter_speeds(requests: Iterable[RequestPoint]) -> list[DrafterSpeed]:
+    """Per drafter: emitted tokens / (draft + verify seconds) over all its steps, and that
+    relative to plain steps. Fastest first, plain last.
+
+    Step time only: policy overhead and time between steps are not in it. And the controller
+    chose where each drafter ran, so a drafter used only where it pays looks better than it
+    would everywhere: this compares drafters as used, not on equal footing."""
+    sums: dict[str, list] = {}
+    for r in requests:
+        for a in r.aggregates:
+            acc = sums.setdefault(a.drafter, [0, 0, 0.0])
+            acc[0] += a.steps
+            acc[1] += a.emitted
+            acc[2] += a.draft_seconds + a.verify_seconds
+    plain = sums.get(PLAIN)
+    plain_rate = _ratio(plain[1], plain[2]) if plain else None
+    speeds = []
+    for drafter, (steps, emitted, seconds) in sums.items():
+        rate = _ratio(emitted, seconds)
+        speedup = rate / plain_rate if rate is not None and plain_rate else None
+        speeds.append(DrafterSpeed(drafter, steps, emitted, seconds, rate, speedup))
+    return sorted(speeds, key=lambda s: (s.drafter == PLAIN, -(s.tokens_per_s or 0.0), s.drafter))
+
+
+# -- the text summary -------------------------------------------------------------------------
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def summary_text(requests: Sequence[RequestPoint], policies: Sequence[AppliedPolicy],
+                 peak_gbs: float, peak_source: str, store_url: str) -> str:
+    """The report as text: totals, one line per workload, drafter shares, drafter speeds,
+    policies. `requests` in stored order (non-empty)."""
+    summaries = summarise_workloads(requests)
+    total = summaries[ALL]
+    first, last = requests[0].ingested_at, requests[-1].ingested_at
+    pairs = sorted({r.model_pair for r in requests})
+    hardware = sorted({r.hardware for r in requests})
+    lines = [
+        f"autospec report: {store_url}",
+        f"requests {total.requests}, output tokens {total.output_tokens}, "
+        f"ingested {first:%Y-%m-%d %H:%M} .. {last:%Y-%m-%d %H:%M} UTC",
+        f"model pair {', '.join(pairs)}; hardware {', '.join(hardware)}",
+        f"peak bandwidth {peak_gbs:.1f} GB/s ({peak_source})",
+        "",
+        f"{'workload':<16} {'requests':>8} {'output':>8} {'accept':>7} {'len/step':>8} "
+        f"{'mean K':>6} {'tok/s':>9} {'GB/s':>7} {'util':>6}",
+    ]
+    for s in summaries.values():
+        util = None if s.bandwidth_gbs is None else s.bandwidth_gbs / peak_gbs
+        lines.append(
+            f"{s.workload:<16} {s.requests:>8} {s.output_tokens:>8} "
+            f"{_num(s.acceptance_rate, '.3f'):>7} {_num(s.mean_accepted_length, '.2f'):>8} "
+            f"{_num(s.mean_k, '.2f'):>6} {_num(s.tokens_per_s, '.1f'):>9} "
+            f"{_num(s.bandwidth_gbs, '.2f'):>7} {_num(util, '.1%'):>6}")
+    lines += ["", "drafter shares of steps:"]
+    for s in summaries.values():
+        shares = ", ".join(f"{d} {share:.1%}" for d, share in s.drafter_shares.items())
+        lines.append(f"  {s.workload:<16} {shares or '-'}")
+    speeds = drafter_speeds(requests)
+    has_plain = any(s.drafter == PLAIN for s in speeds)
+    lines += ["", "tokens/s of step time (draft + verify) by drafter"
+              + (", relative to plain steps:" if has_plain else ":")]
+    for s in speeds:
+        lines.append(f"  {s.drafter:<16} {s.steps:>8} steps {_num(s.tokens_per_s, '.1f'):>9} tok/s"
+                     + (f" {_num(s.speedup, '.2f')}x" if has_plain else ""))
+    if not has_plain:
+        lines.append("  no plain steps recorded: no speedup vs plain; speedup.png shows absolute tokens/s")
+    lines.append("")
+    if policies:
+        now = policies[-1]
+        lines.append(f"policies applied: {len(policies)}; in force: {now.policy_hash[:12]} "
+                     f"{now.path} (since {now.applied_at:%Y-%m-%d %H:%M} UTC)")
+    else:
+        lines.append("policies applied: none recorded")
+    return "\n".join(lines) + "\n"

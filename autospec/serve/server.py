@@ -1,0 +1,252 @@
+"""The serving process: aiohttp on the event loop, the engine on one decode thread.
+
+The engine decodes one request at a time (batch 1, the regime speculative decoding is for);
+requests queue for the decode thread. Everything else happens on the event loop and never
+waits on the daemon: finished requests' telemetry goes to the DaemonClient's bounded buffer,
+parameters are pulled every `params_interval` seconds and applied on the decode thread between
+requests (the controllers are the decode thread's alone, so they need no lock).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from aiohttp import web
+
+from autospec.controller.adaptive import DEFAULT_DRAFTERS, AdaptiveController, ControllerSettings
+from autospec.daemon.client import DaemonClient
+from autospec.daemon.service import stop_on_signals
+from autospec.engine.loop import Engine, Generation, StaticPolicy
+from autospec.serve import openai
+
+log = logging.getLogger("autospec.serve")
+SERVER = web.AppKey("server", object)
+
+
+def settings_for(params: dict | None, workload: str | None) -> ControllerSettings:
+    """ControllerSettings from GET /v1/params' resolved parameters for a workload."""
+    if params is None:
+        return ControllerSettings()
+    p = params["workloads"].get(workload) if workload else None
+    p = p or params["parameters"]
+    controller = dict(p["controller"], ngram_n=tuple(p["controller"]["ngram_n"]))
+    return ControllerSettings(drafters=tuple(p["drafters"]), k_max=p["k_max"], **controller)
+
+
+class TextStream:
+    """Token ids in, new text out; holds back an incomplete UTF-8 character (a '\\ufffd')."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def add(self, tokens: list[int], final: bool = False) -> str:
+        self.ids += tokens
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") and not final:
+            return ""
+        delta, self.sent = text[self.sent:], len(text)
+        return delta
+
+
+class Server:
+    def __init__(self, engine: Engine, model_name: str, daemon: DaemonClient | None = None,
+                 params_interval: float = 5.0, max_tokens_limit: int | None = None):
+        self.engine = engine
+        self.model_name = model_name
+        self.daemon = daemon
+        self.params_interval = params_interval
+        self.max_tokens_limit = max_tokens_limit or engine.models.max_positions
+        self.decode = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autospec-decode")
+        self.available = tuple(d for d in DEFAULT_DRAFTERS
+                               if d != "draft-model" or engine.models.draft is not None)
+        self.params: dict | None = None  # the last GET /v1/params answer
+        self.controllers: dict[str | None, AdaptiveController] = {}
+        self.served = 0
+
+    # -- decode thread ---------------------------------------------------------------------
+    def controller(self, workload: str | None) -> AdaptiveController:
+        ctl = self.controllers.get(workload)
+        if ctl is None:
+            ctl = AdaptiveController(settings_for(self.params, workload), available=self.available)
+            if self.params:
+                ctl.warm_start(self.params["estimates"])
+            self.controllers[workload] = ctl
+        return ctl
+
+    def apply_params(self, params: dict) -> None:
+        old = self.params["policy"]["hash"] if self.params else None
+        self.params = params
+        if params["policy"]["hash"] != old:
+            self.controllers = {}  # new settings: rebuilt on next use, warm from the estimates
+            log.info("policy in force", extra={"fields": {"policy_hash": params["policy"]["hash"]}})
+        else:
+            for ctl in self.controllers.values():
+                ctl.warm_start(params["estimates"])  # only where the fleet knows more
+
+    def generate(self, req: openai.Completion, on_text) -> Generation:
+        if req.method == "adaptive":
+            policy = self.controller(req.workload)
+        elif req.method == "plain":
+            policy = StaticPolicy(None, 0)
+        else:
+            _, drafter, k = req.method.split(":")
+            if drafter not in self.available and drafter != "synthetic":
+                raise openai.InvalidRequest(f"autospec.method: drafter {drafter!r} is not "
+                                            f"available here (have: {', '.join(self.available)})")
+            policy = StaticPolicy(drafter, int(k))
+        text = TextStream(self.engine.models.tokenizer) if on_text else None
+        callback = (lambda tokens: on_text(text.add(tokens))) if on_text else None
+        generation = self.engine.generate(
+            req.prompt, policy=policy, max_new_tokens=req.max_tokens,
+            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
+            workload=req.workload, on_tokens=callback)
+        if on_text:
+            on_text(text.add([], final=True))
+        return generation
+
+    # -- event loop ------------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            payload = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "body is not valid JSON")
+        try:
+            req = openai.parse_completion(payload, self.model_name, self.max_tokens_limit)
+        except openai.InvalidRequest as exc:
+            return _error(400, str(exc), exc.param)
+        loop = asyncio.get_running_loop()
+        cid = openai.new_id()
+        if not req.stream:
+            generation = await self._run(loop, req, None)
+            if isinstance(generation, web.Response):
+                return generation
+            return web.json_response(openai.completion_body(
+                cid, self.model_name, generation.text, generation.telemetry.finish_reason,
+                generation.telemetry, req.method))
+        deltas: asyncio.Queue = asyncio.Queue()
+        on_text = lambda delta: delta and loop.call_soon_threadsafe(deltas.put_nowait, delta)  # noqa: E731
+        task = asyncio.ensure_future(self._run(loop, req, on_text))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        client_gone = False
+
+        async def send(body: dict | str) -> None:
+            nonlocal client_gone
+            if client_gone:
+                return
+            data = body if isinstance(body, str) else json.dumps(body)
+            try:
+                await response.write(f"data: {data}\n\n".encode())
+            except (ConnectionResetError, ConnectionError):
+                client_gone = True  # the request still finishes (and reports telemetry)
+
+        while not (task.done() and deltas.empty()):
+            getter = asyncio.ensure_future(deltas.get())
+            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                await send(openai.completion_body(cid, self.model_name, getter.result(), None))
+            else:
+                getter.cancel()
+        generation = task.result()
+        if isinstance(generation, web.Response):  # refused before the first token
+            await send(json.loads(generation.text))
+        else:
+            await send(openai.completion_body(cid, self.model_name, "",
+                                              generation.telemetry.finish_reason,
+                                              generation.telemetry, req.method))
+        await send("[DONE]")
+        if not client_gone:
+            await response.write_eof()
+        return response
+
+    async def _run(self, loop, req: openai.Completion, on_text):
+        try:
+            generation = await loop.run_in_executor(self.decode, self.generate, req, on_text)
+        except openai.InvalidRequest as exc:
+            return _error(400, str(exc), exc.param)
+        except ValueError as exc:  # prompt too long for the model, and the like
+            return _error(400, str(exc))
+        self.served += 1
+        if self.daemon is not None:
+            self.daemon.submit(generation.telemetry)
+        return generation
+
+    async def pull_params(self) -> bool:
+        if self.daemon is None:
+            return False
+        params = await self.daemon.fetch_params()
+        if params is None:
+            return False
+        await asyncio.get_running_loop().run_in_executor(self.decode, self.apply_params, params)
+        return True
+
+    async def params_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.params_interval)
+            await self.pull_params()
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "owned_by": "autospec"}]})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        body = {"status": "ok", "model": self.model_name, "served": self.served,
+                "pid": os.getpid(),
+                "policy_hash": self.params["policy"]["hash"] if self.params else None}
+        if self.daemon is not None:
+            d = self.daemon
+            body["daemon"] = {"url": d.url, "connected": d.connected,
+                              "unacknowledged": d.unacknowledged, **vars(d.stats)}
+        return web.json_response(body)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=4 * 1024 * 1024)
+        app[SERVER] = self
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/healthz", self.healthz)
+        return app
+
+
+def _error(status: int, message: str, param: str | None = None) -> web.Response:
+    return web.json_response(openai.error_body(message, param), status=status)
+
+
+async def run_serve(server: Server, host: str, port: int, announce=print,
+                    drain_timeout: float = 5.0) -> int:
+    """Serve until SIGTERM/SIGINT (second signal: exit at once); flush telemetry at exit."""
+    stop = asyncio.Event()
+    stop_on_signals(asyncio.get_running_loop(), stop, log)
+    tasks = []
+    if server.daemon is not None:
+        warm = await server.pull_params()
+        log.info("parameters from the daemon" if warm else
+                 "daemon not reachable: starting on the policy defaults",
+                 extra={"fields": {"daemon": server.daemon.url}})
+        tasks = [asyncio.create_task(server.daemon.run()), asyncio.create_task(server.params_loop())]
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]
+    announce(f"autospec serve listening on http://{host}:{bound}")
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()  # in-flight requests finish first
+        for task in tasks:
+            task.cancel()
+        if server.daemon is not None:
+            sent = await server.daemon.drain(drain_timeout)
+            if not sent:
+                log.warning("telemetry not delivered at exit", extra={"fields": {
+                    "records": server.daemon.unacknowledged}})
+            await server.daemon.close()
+        server.decode.shutdown(wait=True)
+    return 0

@@ -1,0 +1,158 @@
+"""`autospec serve` beside `autospec daemon`: real processes, loopback, a real SQLite store."""
+from __future__ import annotations
+
+import json
+import signal
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from processes import request, start, start_daemon, wait_for
+
+from autospec.store import open_store
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+
+
+def stored(db) -> int:
+    with open_store(f"sqlite:///{db}") as store:
+        return store.count_requests()
+
+
+def start_serve(tmp, tiny_dir, daemon_url: str | None, name: str = "serve"):
+    args = ["serve", "--port", "0", "--target", str(tiny_dir / "target"),
+            "--draft", str(tiny_dir / "draft"), "--params-interval", "0.5"]
+    if daemon_url:
+        args += ["--daemon", daemon_url]
+    return start(args, tmp / f"{name}.log", env={"OMP_NUM_THREADS": "1"})
+
+
+def complete(url, **fields):
+    return request(url, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 12,
+                                                    "temperature": 0, **fields})
+
+
+def stream(url, **fields) -> list[dict]:
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "stream": True,
+                       **fields}).encode()
+    events = []
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/v1/completions", body), timeout=60) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def _system(tmp, tiny_dir):
+    daemon = start_daemon(tmp)
+    serve = start_serve(tmp, tiny_dir, daemon.url)
+    yield daemon, serve, tmp / "store.db"
+    serve.stop()
+    daemon.stop()
+
+
+@pytest.fixture
+def system(tmp_path, tiny_dir):
+    """A daemon and a server of the test's own (for tests that kill one of them)."""
+    yield from _system(tmp_path, tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, tiny_dir):
+    """One daemon and server for the tests that leave them running."""
+    yield from _system(tmp_path_factory.mktemp("serve"), tiny_dir)
+
+
+def test_completions_streaming_and_not_reach_the_store(system):
+    daemon, serve, db = system
+    status, body = complete(serve.url)
+    assert status == 200 and body["object"] == "text_completion"
+    assert body["usage"]["completion_tokens"] == 12 == body["autospec"]["output_tokens"]
+    assert body["autospec"]["method"] == "adaptive" and body["autospec"]["k_shares"]
+    plain = complete(serve.url, autospec={"method": "plain"})[1]
+    assert plain["choices"][0]["text"] == body["choices"][0]["text"]  # lossless
+    chunks = stream(serve.url, autospec={"method": "static:ngram:4", "workload": "copy"})
+    assert "".join(c["choices"][0]["text"] for c in chunks) == body["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]
+    assert wait_for(lambda: stored(db) == 3)
+    _, metrics = request(daemon.url, "GET", "/metrics")
+    assert 'autospec_requests_total{model_pair=' in metrics and 'workload="copy"} 1' in metrics
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"prompt": ""}, "prompt"), ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"),
+    ({"stop": ["\n"]}, "stop"), ({"n": 2}, "n"), ({"color": "red"}, "color"),
+    ({"autospec": {"method": "static:ngarm:4"}}, "autospec.method"), ({"model": "gpt-9"}, "model"),
+])
+def test_bad_requests_get_openai_errors(shared, fields, param):
+    _, serve, _ = shared
+    status, body = complete(serve.url, **fields)
+    assert status == 400 and body["error"]["param"] == param, body
+    assert request(serve.url, "GET", "/healthz")[0] == 200
+
+
+def test_daemon_killed_serving_continues_and_telemetry_arrives_later(system, tmp_path):
+    daemon, serve, db = system
+    assert complete(serve.url)[0] == 200
+    assert wait_for(lambda: stored(db) == 1)
+    daemon.signal(signal.SIGKILL)
+    daemon.wait()
+    for _ in range(5):  # the daemon is gone: serving goes on
+        assert complete(serve.url)[0] == 200
+    health = request(serve.url, "GET", "/healthz")[1]
+    assert health["served"] == 6 and health["daemon"]["unacknowledged"] == 5
+    # restarted on the same socket (the killed one left its file behind): the buffer drains
+    restarted = start(["daemon", "--listen", daemon.url, "--db", f"sqlite:///{db}",
+                       "--flush-interval", "0.2"], tmp_path / "restarted.log")
+    try:
+        assert wait_for(lambda: stored(db) == 6, timeout=30), serve.log.read_text()[-2000:]
+    finally:
+        restarted.stop()
+
+
+def test_load_8_clients_x_50_requests_all_reach_the_store(shared):
+    _, serve, db = shared
+    before = request(serve.url, "GET", "/healthz")[1]["served"]
+
+    def client(n):
+        for i in range(50):
+            status, _ = request(serve.url, "POST", "/v1/completions",
+                                {"prompt": f"x = {n * 100 + i}\n", "max_tokens": 3, "temperature": 0})
+            assert status == 200
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(client, range(8)))
+    served = request(serve.url, "GET", "/healthz")[1]["served"] - before
+    assert served == 400
+    assert wait_for(lambda: stored(db) == before + 400, timeout=60)
+
+
+def test_sigterm_drains_telemetry_and_exits_zero(system):
+    daemon, serve, db = system
+    for _ in range(3):
+        assert complete(serve.url)[0] == 200
+    serve.signal(signal.SIGTERM)
+    assert serve.wait() == 0
+    assert stored(db) == 3
+
+
+def test_serve_without_a_daemon(tmp_path, tiny_dir):
+    serve = start_serve(tmp_path, tiny_dir, None)
+    try:
+        assert complete(serve.url)[0] == 200
+        assert "daemon" not in request(serve.url, "GET", "/healthz")[1]
+    finally:
+        serve.stop()
+
+
+def test_unreachable_daemon_at_start(tmp_path, tiny_dir):
+    serve = start_serve(tmp_path, tiny_dir, f"unix:{tmp_path}/nobody.sock")
+    try:
+        assert complete(serve.url)[0] == 200
+        assert request(serve.url, "GET", "/healthz")[1]["daemon"]["connected"] is False
+    finally:
+        serve.stop()
+
