@@ -84,3 +84,29 @@ def test_malformed_trace_is_refused(tmp_path):
     bad.write_text('{"schema_version": 7}')
     with pytest.raises(ValueError, match="schema_version 7"):
         Trace.load(bad)
+
+
+def test_warm_start_reaches_steady_state_sooner():
+    """A controller started from a Learner's snapshot (a daemon restart, a new serving
+    process) decodes like a seasoned one from its first steps; a cold one needs a few."""
+    from autospec.controller.learned import warm_vs_cold
+    figures = warm_vs_cold(geometric_trace(0.8, 0.1, n=600), seeds=4)
+    assert figures["warm_steps_to_steady"] == 0
+    assert figures["cold_steps_to_steady"] > 0
+    assert figures["tokens_per_s"]["warm"] == pytest.approx(figures["tokens_per_s"]["steady"], rel=0.02)
+
+
+def test_learner_round_trips_through_store_estimates():
+    from autospec.controller.learned import Learner
+    trace = geometric_trace(0.7, 0.1, n=300)
+    records = replay(trace, AdaptiveController(ControllerSettings(drafters=("synthetic",))))
+    learner = Learner(k_max=8)
+    for r in records:
+        learner.observe(r)
+    estimates: dict = {}
+    for e in learner.estimates():
+        estimates.setdefault(e.workload, {})[e.drafter] = e
+    again = Learner(k_max=8).restore(estimates)
+    assert again.snapshot()["acceptance"] == learner.snapshot()["acceptance"]
+    assert again.costs.line() == pytest.approx(learner.costs.line(), rel=1e-6)
+    assert np.mean(learner.acceptance["*"]["synthetic"].rates()[:3]) == pytest.approx(0.7, abs=0.1)

@@ -156,3 +156,27 @@ def test_unreachable_daemon_at_start(tmp_path, tiny_dir):
     finally:
         serve.stop()
 
+
+
+def test_the_daemons_policy_steers_the_servers_controller(tmp_path, tiny_dir):
+    """A policy file limiting the drafters and K, put in force by the daemon, is what the
+    server's adaptive controller obeys (after its next parameter pull)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("schema_version: 1\ndrafters: [ngram]\nk_max: 2\n")
+    daemon = start_daemon(tmp_path, "--policy", str(policy))
+    serve = start_serve(tmp_path, tiny_dir, daemon.url)
+    try:
+        for _ in range(3):
+            body = complete(serve.url, max_tokens=24)[1]["autospec"]
+            assert set(body["drafter_shares"]) <= {"ngram", "none"}
+            assert max(int(k) for k in body["k_shares"]) <= 2
+        policy.write_text("schema_version: 1\ndrafters: [draft-model]\nk_max: 3\n")
+        new_hash = lambda: request(serve.url, "GET", "/healthz")[1]["policy_hash"]  # noqa: E731
+        old = new_hash()
+        assert wait_for(lambda: new_hash() != old, timeout=20)
+        body = complete(serve.url, max_tokens=24)[1]["autospec"]
+        assert set(body["drafter_shares"]) <= {"draft-model", "none"}
+        assert max(int(k) for k in body["k_shares"]) <= 3
+    finally:
+        serve.stop()
+        daemon.stop()

@@ -17,12 +17,22 @@ DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema")
                    "ctl:hf-heuristic[:DRAFTER], ctl:ema[:DRAFTER]. Default: plain, adaptive, the "
                    "ctl: baselines, and static:D:K for every recorded drafter and K in 1,2,4,8.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
-def replay(trace_path, controllers, json_path):
+@click.option("--warm-start", is_flag=True,
+              help="Instead: steps the adaptive controller needs to reach steady state, cold "
+                   "(a new process) vs warm (started from what the daemon learnt).")
+def replay(trace_path, controllers, json_path, warm_start):
     """Simulated tokens/s per controller and category, from the trace's recorded costs."""
     from autospec.bench.methods import parse_methods
     from autospec.controller.trace import Trace
     try:
         trace = Trace.load(trace_path)
+        if warm_start:
+            from autospec.controller.learned import warm_vs_cold
+            figures = warm_vs_cold(trace)
+            click.echo(json.dumps(figures, indent=2))
+            if json_path:
+                json_path.write_text(json.dumps(figures, indent=2) + "\n")
+            return
         drafters = tuple(trace.draft_seconds_per_token)
         if not controllers:
             controllers = DEFAULT_CONTROLLERS + tuple(

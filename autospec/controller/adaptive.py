@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autospec.controller.decide import Choice, best_choice
+from autospec.controller.decide import PLAIN, Choice, decide_step
 from autospec.controller.estimates import AcceptanceEstimate, CostModel
 from autospec.drafters.base import drafter_class
 from autospec.drafters.ngram import NgramIndex
@@ -121,31 +121,24 @@ class AdaptiveController:
     # -- the fast path -------------------------------------------------------------------
     def decide(self, request) -> tuple[str | None, int]:
         state = self._state(request)
-        verify = self.costs.verify_seconds()
         if self.costs.observed == 0:
             return None, 0  # first step of the engine's life: measure a plain step first
-        means = {d: state.acceptance[d].mean() for d in self.drafters}
-        draws = ({d: state.acceptance[d].sample(self.rng) for d in self.drafters}
-                 if self.settings.thompson else means)
-        draft_s = {d: self.costs.draft_seconds(d, self.hints[d]) for d in self.drafters}
-        k_max = self.settings.k_max
-        # which drafter (or plain): Thompson draws, so little-tried drafters get explored ...
-        best = best_choice(draws, draft_s, verify, k_max)
+        names = self.drafters
+        # (D, k_max) Beta parameters of each drafter's per-position acceptance
+        a, b = (np.stack(x) for x in zip(*(state.acceptance[d].beta() for d in names)))
+        means = a / (a + b)
+        # which drafter (or plain): Thompson draws, so little-tried drafters get explored
+        draws = self.rng.beta(a, b) if self.settings.thompson else means
+        draft_s = np.array([self.costs.draft_seconds(d, self.hints[d]) for d in names])
         current = state.current
-        if current is not None and current.drafter != best.drafter:
-            # ... with hysteresis on switching drafters (a switch re-prefills a cache), ...
-            if current.drafter is None:
-                kept = 1.0 / float(verify[0])
-            else:
-                kept = best_choice({current.drafter: draws[current.drafter]}, draft_s, verify,
-                                   k_max).rate
-            if kept * (1 + self.settings.hysteresis) >= best.rate:
-                best = Choice(current.drafter, 0, kept)
-        # ... and K from the posterior means: changing K costs nothing, so no noise there.
-        if best.drafter is not None and self.settings.thompson:
-            best = best_choice({best.drafter: means[best.drafter]}, draft_s, verify, k_max)
-        state.current = best
-        return best.drafter, best.k
+        index, k = decide_step(draws, means, draft_s, self.costs.verify_seconds(),
+                               self.settings.k_max,
+                               None if current is None else
+                               PLAIN if current.drafter is None else names.index(current.drafter),
+                               self.settings.hysteresis)
+        drafter = None if index == PLAIN else names[index]
+        state.current = Choice(drafter, k, 0.0)
+        return drafter, k
 
     def update(self, record: StepRecord, request) -> None:
         state = self._state(request)

@@ -29,3 +29,39 @@ def best_choice(alphas: dict[str, np.ndarray], draft_seconds: dict[str, float],
     row, k = np.unravel_index(int(np.argmax(table[:, 1:])), table[:, 1:].shape)
     best = Choice(names[row], int(k) + 1, float(table[row, k + 1]))
     return best if best.rate > plain.rate else plain
+
+
+PLAIN = -1  # the drafter index of plain decoding in `decide_step`
+
+
+def decide_step(draws: np.ndarray, means: np.ndarray, draft_seconds: np.ndarray,
+                verify_seconds: np.ndarray, k_limit: int, current: int | None,
+                hysteresis: float) -> tuple[int, int]:
+    """One step's decision over D drafters, as (drafter index or PLAIN, k).
+
+    draws: (D, K_max) acceptance drawn from each drafter's posterior (Thompson), or the means;
+    means: (D, K_max) posterior means; draft_seconds: (D,) per drafted token;
+    verify_seconds: (K_max+1,); current: the drafter index in use (PLAIN, or None at start).
+    1. the drafter: the best expected rate under the draws, plain decoding included;
+    2. hysteresis: keep `current` while its best rate is within `hysteresis` of the winner's;
+    3. K for that drafter from the means (changing K costs nothing: no exploration there),
+       or plain decoding when no K beats it."""
+    k_limit = min(k_limit, len(verify_seconds) - 1, draws.shape[1])
+    plain_rate = 1.0 / float(verify_seconds[0])
+    if draws.shape[0] == 0 or k_limit < 1:
+        return PLAIN, 0
+    best_rates = rate_table(draws[:, :k_limit], draft_seconds, verify_seconds)[:, 1:].max(axis=1)
+    winner = int(np.argmax(best_rates))
+    winner_rate = float(best_rates[winner])
+    if winner_rate <= plain_rate:
+        winner, winner_rate = PLAIN, plain_rate
+    if current is not None and current != winner:
+        kept = plain_rate if current == PLAIN else max(float(best_rates[current]), plain_rate)
+        if kept * (1 + hysteresis) >= winner_rate:
+            winner = current
+    if winner == PLAIN:
+        return PLAIN, 0
+    row = rate_table(means[winner:winner + 1, :k_limit], draft_seconds[winner:winner + 1],
+                     verify_seconds)[0]
+    k = int(np.argmax(row[1:])) + 1
+    return (winner, k) if row[k] > plain_rate else (PLAIN, 0)

@@ -32,16 +32,32 @@ class AcceptanceEstimate:
         self.discount = discount
         self.ev_a = np.zeros(k_max)
         self.ev_b = np.zeros(k_max)
+        self._params = None  # beta() until the next update
+
+    @property
+    def ev_a(self) -> np.ndarray:
+        return self._ev_a
+
+    @ev_a.setter
+    def ev_a(self, value) -> None:
+        self._ev_a, self._params = value, None
+
+    @property
+    def ev_b(self) -> np.ndarray:
+        return self._ev_b
+
+    @ev_b.setter
+    def ev_b(self, value) -> None:
+        self._ev_b, self._params = value, None
 
     def update(self, proposed: int, accepted: int) -> None:
         """One verified draft: positions 0..accepted-1 kept, position `accepted` (if proposed)
         rejected, later positions unobserved."""
-        self.ev_a *= self.discount
-        self.ev_b *= self.discount
-        kept = min(accepted, self.k_max)
-        self.ev_a[:kept] += 1
+        ev_a, ev_b = self._ev_a * self.discount, self._ev_b * self.discount
+        ev_a[:min(accepted, self.k_max)] += 1
         if accepted < proposed and accepted < self.k_max:
-            self.ev_b[accepted] += 1
+            ev_b[accepted] += 1
+        self.ev_a, self.ev_b = ev_a, ev_b
 
     def update_many(self, proposed, accepted) -> None:
         """`update` for each (proposed[i], accepted[i]) in order, in one vectorised pass:
@@ -60,17 +76,23 @@ class AcceptanceEstimate:
         self.ev_a = self.ev_a * scale + weights @ kept
         self.ev_b = self.ev_b * scale + weights @ rejected
 
+    def beta(self) -> tuple[np.ndarray, np.ndarray]:
+        """(a, b), each (k_max,): the Beta parameters per position (cached until an update)."""
+        if self._params is None:
+            self._params = self._beta()
+        return self._params
+
     def _beta(self) -> tuple[np.ndarray, np.ndarray]:
         s = self.strength
         pooled = (self.ev_a.sum() + s * self.prior_mean) / (self.ev_a.sum() + self.ev_b.sum() + s)
         return self.ev_a + self.pool_strength * pooled, self.ev_b + self.pool_strength * (1 - pooled)
 
     def mean(self) -> np.ndarray:
-        a, b = self._beta()
+        a, b = self.beta()
         return a / (a + b)
 
     def sample(self, rng: np.random.Generator) -> np.ndarray:
-        return rng.beta(*self._beta())
+        return rng.beta(*self.beta())
 
     def observations(self) -> np.ndarray:
         return self.ev_a + self.ev_b
@@ -155,8 +177,22 @@ class CostModel:
         v = self.verify_seconds()
         return float(v[0]), float(v[1] - v[0])
 
+    @property
+    def _sums(self) -> np.ndarray:
+        return self._fit_sums
+
+    @_sums.setter
+    def _sums(self, value: np.ndarray) -> None:
+        self._fit_sums, self._verify = value, None
+
     def verify_seconds(self) -> np.ndarray:
-        """(k_max+1,) predicted seconds of a forward over K+1 tokens, K = 0..k_max."""
+        """(k_max+1,) predicted seconds of a forward over K+1 tokens, K = 0..k_max (cached
+        until the next observation)."""
+        if self._verify is None:
+            self._verify = self._fit()
+        return self._verify
+
+    def _fit(self) -> np.ndarray:
         w, x, xx, y, xy = self._sums
         if w == 0:
             return np.ones(self.k_max + 1)
