@@ -65,6 +65,23 @@ class Parameters:
     # drafter -> prior acceptance mean
     priors: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
+    def to_settings(self) -> ControllerSettings:
+        c = self.controller
+        return ControllerSettings(
+            drafters=self.drafters, k_min=self.k_min, k_max=self.k_max, discount=c.discount,
+            prior_strength=c.prior_strength, prior_discount=c.prior_discount,
+            hysteresis=c.hysteresis, thompson=c.thompson, counterfactual=c.counterfactual,
+            ngram_n=tuple(c.ngram_n), prior_means=dict(self.priors))
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "Parameters":
+        """The inverse of to_dict (for parameters that came over the wire, already valid)."""
+        c = raw["controller"]
+        return cls(drafters=tuple(raw["drafters"]), k_min=raw["k_min"], k_max=raw["k_max"],
+                   controller=ControllerParams(**{**c, "ngram_n": tuple(c["ngram_n"])}),
+                   priors=MappingProxyType({d: p["acceptance_mean"]
+                                            for d, p in raw["priors"].items()}))
+
     def to_dict(self) -> dict:
         return {"drafters": list(self.drafters), "k_min": self.k_min, "k_max": self.k_max,
                 "controller": {**dataclasses.asdict(self.controller),
@@ -101,15 +118,8 @@ class Policy:
         return self.workloads.get(workload, self.parameters) if workload else self.parameters
 
     def to_settings(self, workload: str | None = None) -> ControllerSettings:
-        """ControllerSettings for a workload. k_min and priors have no ControllerSettings
-        field yet: read them from `resolve(workload)`."""
-        p = self.resolve(workload)
-        c = p.controller
-        return ControllerSettings(
-            drafters=p.drafters, k_max=p.k_max, discount=c.discount,
-            prior_strength=c.prior_strength, prior_discount=c.prior_discount,
-            hysteresis=c.hysteresis, thompson=c.thompson, counterfactual=c.counterfactual,
-            ngram_n=tuple(c.ngram_n))
+        """ControllerSettings for a workload (every policy field has one)."""
+        return self.resolve(workload).to_settings()
 
     def to_dict(self) -> dict:
         """The file's content, normalised: defaults filled in at the top, overrides as written."""

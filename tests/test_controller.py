@@ -81,3 +81,25 @@ def test_adaptive_output_is_identical_to_plain(tiny_engine):
         out = tiny_engine.generate(prompt, policy=ctl, max_new_tokens=30)
         assert out.token_ids == plain.token_ids
         assert out.telemetry.policy_seconds > 0
+
+
+def test_decide_step_on_arrays():
+    from autospec.controller.decide import PLAIN, decide_step
+    verify = np.ones(9)  # memory-bound: a forward costs the same for any K
+    strong, weak = np.full(8, 0.9), np.full(8, 0.3)
+    two = np.stack([weak, strong])
+    cheap = np.array([0.01, 0.01])
+    # the better drafter wins; K from the means (flat verify, cheap drafts: the longest)
+    assert decide_step(two, two, cheap, verify, 8, None, 0.05) == (1, 8)
+    # hysteresis: a current drafter within 5 % of the winner is kept
+    near = np.stack([np.full(8, 0.89), strong])
+    assert decide_step(near, near, cheap, verify, 8, 0, 0.05)[0] == 0
+    assert decide_step(near, near, cheap, verify, 8, 0, 0.0)[0] == 1
+    # useless drafts, or drafts dearer than a forward: plain decoding
+    zero = np.zeros((2, 8))
+    assert decide_step(zero, zero, cheap, verify, 8, None, 0.05) == (PLAIN, 0)
+    assert decide_step(two, two, np.array([2.0, 2.0]), verify, 8, 1, 0.05) == (PLAIN, 0)
+    # the draw picks the drafter, the mean picks K: a lucky draw does not inflate K
+    lucky = np.stack([weak, np.full(8, 0.99)])
+    assert decide_step(lucky, np.stack([weak, np.full(8, 0.5)]), np.array([0.01, 0.2]),
+                       1 + 0.1 * np.arange(9), 8, None, 0.0) == (1, 1)

@@ -43,7 +43,8 @@ def run(*args):
 
 def test_default_policy_is_the_code_defaults():
     policy = load_policy(DEFAULT)
-    assert policy.to_settings() == ControllerSettings()
+    assert policy.to_settings() == ControllerSettings(
+        prior_means={"draft-model": 0.5, "early-exit": 0.5, "ngram": 0.5})  # = the code's 0.5
     assert policy.resolve().k_min == 1
     assert dict(policy.resolve().priors) == {"draft-model": 0.5, "early-exit": 0.5, "ngram": 0.5}
     assert parse_policy("schema_version: 1").policy_hash == policy.policy_hash  # nothing but defaults

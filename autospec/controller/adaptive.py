@@ -44,10 +44,14 @@ class ControllerSettings:
     counterfactual: bool = True
     ngram_n: tuple[int, int] = (1, 4)
     seed: int = 0
+    k_min: int = 1  # a floor on K whenever a drafter runs (K = 0, plain, stays legal)
+    prior_means: dict = field(default_factory=dict)  # drafter -> acceptance mean before evidence
 
     def __post_init__(self):
         if self.k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {self.k_max}")
+        if not 1 <= self.k_min <= self.k_max:
+            raise ValueError(f"k_min must be in [1, k_max = {self.k_max}], got {self.k_min}")
         for name in self.drafters:
             drafter_class(name)  # unknown names fail here, with the list of known ones
 
@@ -80,7 +84,8 @@ class AdaptiveController:
         key = workload or "*"
         if key not in self.priors:
             s = self.settings
-            self.priors[key] = {d: AcceptanceEstimate(s.k_max, 0.5, 2.0, s.prior_discount)
+            self.priors[key] = {d: AcceptanceEstimate(s.k_max, s.prior_means.get(d, 0.5), 2.0,
+                                                      s.prior_discount)
                                 for d in self.drafters}
         return self.priors[key]
 
@@ -137,6 +142,8 @@ class AdaptiveController:
                                PLAIN if current.drafter is None else names.index(current.drafter),
                                self.settings.hysteresis)
         drafter = None if index == PLAIN else names[index]
+        if drafter is not None:
+            k = max(k, self.settings.k_min)
         state.current = Choice(drafter, k, 0.0)
         return drafter, k
 

@@ -20,6 +20,7 @@ from autospec.controller.adaptive import DEFAULT_DRAFTERS, AdaptiveController, C
 from autospec.daemon.client import DaemonClient
 from autospec.daemon.service import stop_on_signals
 from autospec.engine.loop import Engine, Generation, StaticPolicy
+from autospec.policy import Parameters
 from autospec.serve import openai
 
 log = logging.getLogger("autospec.serve")
@@ -30,10 +31,8 @@ def settings_for(params: dict | None, workload: str | None) -> ControllerSetting
     """ControllerSettings from GET /v1/params' resolved parameters for a workload."""
     if params is None:
         return ControllerSettings()
-    p = params["workloads"].get(workload) if workload else None
-    p = p or params["parameters"]
-    controller = dict(p["controller"], ngram_n=tuple(p["controller"]["ngram_n"]))
-    return ControllerSettings(drafters=tuple(p["drafters"]), k_max=p["k_max"], **controller)
+    resolved = (params["workloads"].get(workload) if workload else None) or params["parameters"]
+    return Parameters.from_dict(resolved).to_settings()
 
 
 class TextStream:

@@ -1,0 +1,1 @@
+"""autospec tune: Optuna sweeps over policy files (space, objective, study, export)."""

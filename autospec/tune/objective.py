@@ -1,0 +1,188 @@
+"""What a trial is worth: tokens per second of the controller its values describe.
+
+Two sources, one shape — an iterator of running (tokens, seconds) after each chunk of
+requests, so the study can report the running objective and prune a poor trial early:
+- ReplayObjective: recorded traces (controller.trace), simulated seconds from the recorded
+  costs. Deterministic and fast (a fraction of a second per trial): the default.
+- LiveObjective: a real engine over a workload's prompts, wall-clock seconds. Noisy and
+  minutes per trial; for checking a replay-tuned policy on the machine itself.
+Where a GPU is present and the space names kernels, each trial also picks their tiling; the
+measured seconds of the greedy verification kernel under that tiling are charged to every
+step (a trace's verify seconds are the target forward alone).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from autospec.controller.trace import Trace, replay
+from autospec.policy import Parameters
+from autospec.tune.controller import build_controller
+
+
+def file_hash(path: str | Path) -> str:
+    """sha256 of a file's bytes, first 16 hex digits (what a trial's provenance names)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def load_traces(paths: list[str | Path]) -> list[tuple[str, Trace]]:
+    """[(path, Trace)]; ValueError naming the file when one is missing or malformed."""
+    out = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise ValueError(f"trace '{path}' not found (record one with `autospec bench "
+                             f"--record PATH`)")
+        out.append((str(path), Trace.load(path)))
+    if not out:
+        raise ValueError("no trace given")
+    return out
+
+
+def model_pair_name(models: dict) -> str:
+    """'target+draft' by directory name: 'target' and 'draft' for the shipped reference pair."""
+    def short(name):
+        return Path(str(name)).name if name else "none"
+    pair = f"{short(models.get('target'))}+{short(models.get('draft'))}"
+    return "reference" if pair == "target+draft" else pair
+
+
+@dataclass
+class ReplayObjective:
+    traces: list[tuple[str, Trace]]
+    chunk: int = 4  # requests between intermediate reports
+    seed: int = 0  # Thompson sampling's seed: the same trial always scores the same
+    kind: str = field(default="replay", init=False)
+
+    def __post_init__(self):
+        self.available = tuple(sorted({d for _, t in self.traces for d in t.draft_seconds_per_token}))
+        self.k_limit = min(t.k_max for _, t in self.traces)
+        self.hashes = {p: file_hash(p) for p, _ in self.traces}
+        self.model_pair = ",".join(sorted({model_pair_name(t.models) for _, t in self.traces}))
+
+    @property
+    def workload_hash(self) -> str:
+        return hashlib.sha256(",".join(sorted(self.hashes.values())).encode()).hexdigest()[:16]
+
+    def run(self, params: Parameters, step_seconds: float = 0.0) -> Iterator[tuple[int, float]]:
+        """Running (tokens, seconds) after each chunk of requests, over every trace in turn.
+        One controller for all of them, as one engine would serve them."""
+        missing = [d for d in params.drafters if d not in self.available]
+        ctl = build_controller(params, tuple(d for d in params.drafters if d not in missing),
+                               self.seed)
+        tokens, seconds = 0, 0.0
+        for _, trace in self.traces:
+            requests = trace.requests
+            for i in range(0, len(requests), self.chunk):
+                for r in replay(trace, ctl, requests[i:i + self.chunk]):
+                    tokens += r.output_tokens
+                    seconds += r.wall_seconds + step_seconds * r.steps
+                yield tokens, seconds
+
+
+@dataclass
+class LiveObjective:
+    engine: object  # engine.loop.Engine
+    prompts: list  # bench.harness.Prompt
+    workload_path: str
+    max_new_tokens: int = 128
+    chunk: int = 4
+    seed: int = 0
+    kind: str = field(default="live", init=False)
+
+    def __post_init__(self):
+        m = self.engine.models
+        self.available = tuple(d for d in ("ngram", "draft-model", "early-exit")
+                               if d != "draft-model" or m.draft is not None)
+        self.k_limit = 64
+        self.hashes = {self.workload_path: file_hash(self.workload_path)}
+        self.model_pair = model_pair_name({"target": m.target_name, "draft": m.draft_name})
+        self.workload_hash = self.hashes[self.workload_path]
+        # warm-up, as bench does: first calls pay one-off costs (lazy init, allocator, each
+        # drafter's set-up) that are not decoding and would be charged to the first trial
+        for drafter in (None, *self.available):
+            self.engine.generate(self.prompts[0].prompt, drafter=drafter, k=2 if drafter else 0,
+                                 max_new_tokens=8)
+
+    def run(self, params: Parameters, step_seconds: float = 0.0) -> Iterator[tuple[int, float]]:
+        ctl = build_controller(params, tuple(d for d in params.drafters if d in self.available),
+                               self.seed)
+        tokens, seconds = 0, 0.0
+        for i in range(0, len(self.prompts), self.chunk):
+            for p in self.prompts[i:i + self.chunk]:
+                t0 = time.perf_counter()
+                out = self.engine.generate(p.prompt, policy=ctl, workload=p.category,
+                                           max_new_tokens=p.max_new_tokens or self.max_new_tokens)
+                seconds += time.perf_counter() - t0 + step_seconds * out.telemetry.steps
+                tokens += len(out.token_ids)
+            yield tokens, seconds
+
+
+# -- kernel tiling (GPU only) ----------------------------------------------------------------
+def tiling_skip_reason() -> str | None:
+    """None where tiling can be tuned; else why not (one line for the user)."""
+    import torch
+    if not torch.cuda.is_available():
+        return ("kernel tiling skipped: no CUDA GPU here; on a CPU the kernels run their "
+                "pure-torch references, which have no tiling to tune")
+    return None
+
+
+def verify_kernel_seconds(tiling: dict[str, int], k: int, vocab: int, repeats: int = 50) -> float:
+    """Median seconds of one greedy verification (batch 1, K draft tokens, vocab V) on CUDA."""
+    import torch
+    from autospec.kernels import greedy_verify_triton
+    device = torch.device("cuda")
+    draft_tokens = torch.zeros(1, k, dtype=torch.int64, device=device)
+    num_draft = torch.full((1,), k, dtype=torch.int64, device=device)
+    logits = torch.randn(1, k + 1, vocab, device=device)
+    greedy_verify_triton(draft_tokens, num_draft, logits, **tiling)  # compile
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        greedy_verify_triton(draft_tokens, num_draft, logits, **tiling)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return sorted(times)[len(times) // 2]
+
+
+# -- one trial -------------------------------------------------------------------------------
+def trial_function(space, source, n_trials: int, provenance: dict, discrete: bool = False,
+                   tiling: bool = False, vocab: int = 0):
+    """The Optuna objective: suggest, score chunk by chunk (reporting, pruning), return tok/s."""
+    import optuna
+
+    from autospec.tune.controller import parameters_for, policy_for
+    from autospec.tune.study import check_rank
+
+    def objective(trial: optuna.Trial) -> float:
+        check_rank(trial, n_trials)
+        values = space.suggest(trial, discrete)
+        params = parameters_for(values)
+        trial.set_user_attr("fixed", {p.name: values[p.name] for p in space.params if p.fixed})
+        for key, value in {**provenance, "policy_hash": policy_for(params).policy_hash[:16]}.items():
+            trial.set_user_attr(key, value)
+        step_seconds = 0.0
+        if tiling:
+            from autospec.kernels import TILING_SPACES
+            knobs = {knob: trial.suggest_categorical(f"tiling.greedy_verify.{knob}", choices)
+                     for knob, choices in TILING_SPACES["greedy_verify"].items()}
+            step_seconds = verify_kernel_seconds(knobs, min(params.k_max, source.k_limit), vocab)
+            trial.set_user_attr("verify_kernel_seconds", step_seconds)
+        t0 = time.perf_counter()
+        rate = 0.0
+        for step, (tokens, seconds) in enumerate(source.run(params, step_seconds)):
+            rate = tokens / seconds if seconds > 0 else 0.0
+            trial.report(rate, step)
+            if trial.should_prune():
+                trial.set_user_attr("eval_seconds", round(time.perf_counter() - t0, 4))
+                raise optuna.TrialPruned(f"{rate:.1f} tok/s after {step + 1} chunks")
+        trial.set_user_attr("eval_seconds", round(time.perf_counter() - t0, 4))
+        return rate
+
+    return objective

@@ -1,0 +1,257 @@
+"""`autospec tune`: spaces, the policy a trial describes, export, resuming after kill -9,
+many workers on one PostgreSQL study, and bad input.
+
+tests/data/trace-mixed-small.json is cut from a trace of configs/workloads/mixed.jsonl on the
+reference pair (`autospec bench --record`): 2 requests per category, first 96 output tokens.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from click.testing import CliRunner
+
+from autospec.cli import main
+from autospec.controller.adaptive import AdaptiveController, ControllerSettings
+from autospec.controller.trace import Trace, replay
+from autospec.policy import Parameters, load_policy
+from autospec.tune.controller import build_controller, parameters_for
+from autospec.tune.space import SpaceError, load_space, shipped_space
+from autospec.tune.study import make_storage
+
+TRACE = Path(__file__).parent / "data" / "trace-mixed-small.json"
+SMALL = str(shipped_space("small"))
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tune_cmd(*args) -> list[str]:
+    return [sys.executable, "-c", "from autospec.cli import main; main()", "tune", *args]
+
+
+def finished_numbers(url: str, study: str) -> list[int]:
+    trials = optuna.load_study(study_name=study, storage=url).get_trials(deepcopy=False)
+    return [t.number for t in trials if t.state in (optuna.trial.TrialState.COMPLETE,
+                                                    optuna.trial.TrialState.PRUNED)]
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {**os.environ, "AUTOSPEC_DATA": str(tmp_path / "data")}
+
+
+# -- spaces ----------------------------------------------------------------------------------
+def test_shipped_spaces_load_and_discretise():
+    space = load_space(shipped_space("default"))
+    names = {p.name for p in space.params}
+    assert {"drafters", "k_min", "k_max", "controller.discount", "controller.thompson",
+            "priors.ngram"} <= names
+    assert space.tiling_kernels == ("greedy_verify",)
+    assert 100 <= space.grid_size() <= 1000
+    assert max(space.clamp_k(8).grid()["k_max"]) <= 8
+    small = load_space(SMALL)
+    assert [p.name for p in small.params if p.fixed] == ["drafters"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("schema_version: 1\ncontroller: {discont: {low: 0.9, high: 0.99}}\n",
+     "controller.discont: unknown field (did you mean 'discount'?"),
+    ("schema_version: 1\nk_max: {low: 1, high: 99}\n", "k_max.high: 99 is outside"),
+    ("schema_version: 1\ncontroller: {discount: {low: 0.99, high: 0.9}}\n",
+     "controller.discount: low 0.99 is above high 0.9"),
+    ("schema_version: 1\ndrafters: {choices: [[ngram, ngarm]]}\n", "drafters.choices[0]: expected a list"),
+    ("schema_version: 2\nk_max: 4\n", "schema_version: expected 1, got 2"),
+    ("schema_version: 1\ntiling: {kernels: [matmul]}\nk_max: 4\n", "unknown kernel 'matmul'"),
+])
+def test_bad_space_names_file_and_field(tmp_path, text, message):
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    with pytest.raises(SpaceError) as err:
+        load_space(path)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
+
+
+# -- the controller a trial describes --------------------------------------------------------
+def test_default_parameters_replay_like_the_adaptive_controller():
+    trace = Trace.load(TRACE)
+    drafters = tuple(trace.draft_seconds_per_token)
+    ours = replay(trace, build_controller(Parameters(k_max=8), drafters))
+    theirs = replay(trace, AdaptiveController(ControllerSettings(k_max=8), available=drafters))
+    assert [s.k for r in ours for s in r.step_records] == [s.k for r in theirs for s in r.step_records]
+
+
+def test_k_min_and_priors_change_decisions():
+    trace = Trace.load(TRACE)
+    drafters = tuple(trace.draft_seconds_per_token)
+
+    def ks(values):
+        params = parameters_for({"k_max": 8, "drafters": ("ngram",), **values})
+        records = replay(trace, build_controller(params, drafters))
+        return [[(s.k, sum(x.emitted for x in r.step_records[:i]), r.output_tokens)
+                 for i, s in enumerate(r.step_records)] for r in records]
+
+    floor = ks({"k_min": 3})
+    for request in floor:
+        for k, t, n in request:
+            # below k_min only where the request's end caps K (replay: k <= n - t - 1)
+            assert k == 0 or k >= 3 or k == n - t - 1
+    assert floor != ks({})
+    assert ks({"priors.ngram": 0.95}) != ks({})
+    crossed = parameters_for({"k_min": 6, "k_max": 4, "controller.ngram_n": (3, 2)})
+    assert (crossed.k_min, crossed.k_max, crossed.controller.ngram_n) == (4, 4, (3, 3))
+
+
+def test_pruner_compares_running_values_step_by_step():
+    """A running tokens/s falls as slower requests come in; a trial must be compared with the
+    others at the same step, not by its best (first) value as Optuna's MedianPruner does."""
+    from autospec.tune.study import RunningMedianPruner
+    study = optuna.create_study(direction="maximize")
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for i in range(8):
+        study.add_trial(optuna.trial.create_trial(
+            params={"x": 0.5}, distributions=dist, value=290.0 + i,
+            intermediate_values={0: 400.0, 1: 350.0, 2: 300.0, 3: 290.0 + i}))
+    trial = study.ask(dist)
+    for step, value in enumerate([500.0, 400.0, 320.0]):
+        trial.report(value, step)
+    frozen = study.get_trials(deepcopy=False)[-1]
+    assert not RunningMedianPruner(8, 2).prune(study, frozen)
+    trial.report(250.0, 3)
+    frozen = study.get_trials(deepcopy=False)[-1]
+    assert RunningMedianPruner(8, 2).prune(study, frozen)
+    assert not optuna.pruners.MedianPruner(8, 2).prune(study, frozen)  # why ours exists
+
+
+# -- sweeps ----------------------------------------------------------------------------------
+def test_export_validates_differs_from_default_and_changes_replay(tmp_path, env, monkeypatch):
+    monkeypatch.setenv("AUTOSPEC_DATA", env["AUTOSPEC_DATA"])
+    out = tmp_path / "policies" / "tuned.yaml"
+    result = CliRunner().invoke(main, ["tune", "--study", "exp", "--trace", str(TRACE),
+                                       "--space", SMALL, "--trials", "12", "--seed", "3",
+                                       "--quiet", "--export", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "| trial | state | tok/s |" in result.output
+    policy = load_policy(out)
+    default = load_policy(ROOT / "policies" / "default.yaml")
+    assert policy.parameters != default.parameters
+    prov = policy.provenance
+    assert prov.study == "exp" and prov.model_pair == "reference" and prov.git_sha and prov.hardware
+    trace = Trace.load(TRACE)
+    drafters = tuple(trace.draft_seconds_per_token)
+    tuned = replay(trace, build_controller(policy.parameters, drafters))
+    base = replay(trace, AdaptiveController(default.to_settings(), available=drafters))
+    rate = sum(r.output_tokens for r in tuned) / sum(r.wall_seconds for r in tuned)
+    assert rate == pytest.approx(prov.objective_value, abs=1e-3)
+    assert [s.k for r in tuned for s in r.step_records] != [s.k for r in base for s in r.step_records]
+    # provenance on every trial, and --show lists them
+    from autospec.store import default_url
+    trials = optuna.load_study(study_name="exp", storage=default_url()).trials
+    for trial in trials:
+        assert {"git_sha", "policy_hash", "model_pair", "hardware", "workload_hash"} <= set(trial.user_attrs)
+    shown = CliRunner().invoke(main, ["tune", "--show", "exp"])
+    assert shown.exit_code == 0
+    assert shown.output.count("| complete |") + shown.output.count("| pruned |") == 12
+
+
+def test_sweep_killed_mid_way_resumes_without_loss_or_duplicates(tmp_path, env):
+    url = f"sqlite:///{tmp_path / 'tune.db'}"
+    args = tune_cmd("--study", "k9", "--storage", url, "--trace", str(TRACE), "--space", SMALL,
+                    "--trials", "40", "--heartbeat", "1", "--quiet", "--no-prune")
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        try:
+            study = optuna.load_study(study_name="k9", storage=url)
+            trials = study.get_trials(deepcopy=False)
+        except Exception:  # noqa: BLE001 (not created yet)
+            continue
+        states = [t.state for t in trials]
+        if len(states) >= 8 and states[-1] == optuna.trial.TrialState.RUNNING:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = finished_numbers(url, "k9")
+    assert 0 < len(before) < 40
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    numbers = finished_numbers(url, "k9")
+    assert len(numbers) == 40 and len(set(numbers)) == 40
+    assert set(before) <= set(numbers)
+    study = optuna.load_study(study_name="k9", storage=url)
+    for failed in [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]:
+        retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == failed.number]
+        assert len(retries) == 1 and retries[0].params == failed.params
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_a_stale_running_trial_is_failed_and_rerun(tmp_path, env):
+    """What kill -9 mid-trial leaves behind, made on purpose: a RUNNING trial whose heartbeat
+    stopped. The next sweep fails it after the grace period and runs its parameters again."""
+    url = f"sqlite:///{tmp_path / 'stale.db'}"
+    storage = make_storage(url, heartbeat=1)
+    study = optuna.create_study(study_name="st", storage=storage, direction="maximize")
+    trial = study.ask({"k_max": optuna.distributions.IntDistribution(1, 8)})
+    storage.record_heartbeat(trial._trial_id)
+    result = subprocess.run(tune_cmd("--study", "st", "--storage", url, "--trace", str(TRACE),
+                                     "--space", SMALL, "--trials", "6", "--heartbeat", "1",
+                                     "--quiet"), env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    trials = optuna.load_study(study_name="st", storage=url).trials
+    assert trials[0].state == optuna.trial.TrialState.FAIL
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == 0]
+    assert len(retry) == 1 and retry[0].state == optuna.trial.TrialState.COMPLETE
+    assert len(finished_numbers(url, "st")) == 6
+
+
+def test_two_workers_on_postgresql_share_one_study(tmp_path, env):
+    pgserver = pytest.importorskip("pgserver", reason="pip install pgserver: a PostgreSQL server "
+                                                      "in a wheel (part of the [test] extra)")
+    pytest.importorskip("psycopg", reason="pip install 'psycopg[binary]' (part of the [test] extra)")
+    try:
+        server = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
+    except Exception as exc:  # noqa: BLE001 (its own error types vary by version)
+        pytest.skip(f"pgserver could not start PostgreSQL here: {exc}")
+    try:
+        # postgresql://postgres:@/postgres?host=SOCKET_DIR -> SQLAlchemy's psycopg 3 dialect
+        url = server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
+        args = tune_cmd("--study", "pg", "--storage", url, "--trace", str(TRACE), "--space",
+                        SMALL, "--trials", "30", "--heartbeat", "2", "--quiet")
+        optuna.create_study(study_name="pg", storage=url, direction="maximize")  # no create race
+        workers = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True) for _ in range(2)]
+        outputs = [w.communicate(timeout=180) for w in workers]
+        for w, (_, err) in zip(workers, outputs):
+            assert w.returncode == 0, err
+        ran = [int(err.split("this worker ran ")[1].split()[0]) for _, err in outputs]
+        numbers = finished_numbers(url, "pg")
+        assert len(numbers) == 30 and len(set(numbers)) == 30
+        assert all(n > 0 for n in ran), ran  # both took part
+        assert sum(ran) >= 30
+    finally:
+        server.cleanup()
+
+
+# -- bad input -------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["--study", "s", "--trace", "nope.json"], "trace 'nope.json' not found"),
+    (["--study", "s", "--trace", str(TRACE), "--trials", "0"], "--trials must be at least 1, got 0"),
+    (["--study", "s"], "give --trace PATH"),
+    (["--show", "nosuch"], "unknown study 'nosuch'"),
+    (["--study", "s", "--trace", str(TRACE), "--space", "SPACE"], "controller.discont: unknown field"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, args, message):
+    monkeypatch.setenv("AUTOSPEC_DATA", str(tmp_path / "data"))
+    space = tmp_path / "space.yaml"
+    space.write_text("schema_version: 1\ncontroller: {discont: {low: 0.9, high: 0.99}}\n")
+    args = [str(space) if a == "SPACE" else a for a in args]
+    result = CliRunner().invoke(main, ["tune", *args])
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    errors = [ln for ln in result.output.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and message in errors[0], result.output
