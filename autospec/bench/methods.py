@@ -8,6 +8,7 @@
     hf:early-exit[:K]        transformers' self-speculative early exit (same exit layer)
     adaptive                 our online controller (controller/adaptive.py), learning across
                              the run's prompts as a serving process would
+    adaptive:POLICY.yaml     the same, with a policy file's parameters (e.g. a tuned one)
     ctl:fixed[:DRAFTER:K]    baseline controllers (controller/baselines.py), default drafter
     ctl:hf-heuristic[:DRAFTER]   draft-model; fixed defaults to draft-model:4
     ctl:ema[:DRAFTER]
@@ -61,6 +62,13 @@ def parse_methods(spec: str) -> list[str]:
 def _validate(method: str) -> None:
     parts = method.split(":")
     if method in ("plain", "hf:generate", "adaptive") or method in DERIVED:
+        return
+    if method.startswith("adaptive:"):
+        from autospec.policy import PolicyError, load_policy
+        try:
+            load_policy(method[len("adaptive:"):])
+        except PolicyError as exc:
+            raise ValueError(f"method '{method}': {exc}") from None
         return
     if parts[0] == "ctl" and parts[1] in ("fixed", "hf-heuristic", "ema"):
         if len(parts) > 2 and parts[2] not in known_drafters():

@@ -5,7 +5,7 @@ from autospec.controller.adaptive import DEFAULT_DRAFTERS, AdaptiveController, C
 from autospec.controller.baselines import EMAPolicy, HFHeuristicPolicy
 from autospec.engine.loop import StaticPolicy
 
-NAMES = ("plain", "static:DRAFTER:K", "adaptive", "ctl:fixed[:DRAFTER:K]",
+NAMES = ("plain", "static:DRAFTER:K", "adaptive", "adaptive:POLICY.yaml", "ctl:fixed[:DRAFTER:K]",
          "ctl:hf-heuristic[:DRAFTER]", "ctl:ema[:DRAFTER]")
 
 
@@ -19,6 +19,10 @@ def make_policy(name: str, available: tuple[str, ...] = DEFAULT_DRAFTERS,
         return StaticPolicy(parts[1], int(parts[2]))
     if name == "adaptive":
         return AdaptiveController(settings or ControllerSettings(), available=available)
+    if parts[0] == "adaptive":  # adaptive:PATH, a policy file (validated by parse_methods)
+        from autospec.policy import load_policy
+        return AdaptiveController(load_policy(name[len("adaptive:"):]).to_settings(),
+                                  available=available)
     if parts[0] == "ctl":
         drafter = parts[2] if len(parts) > 2 else "draft-model"
         if parts[1] == "fixed":
