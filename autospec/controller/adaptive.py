@@ -30,6 +30,7 @@ from autospec.drafters.ngram import NgramIndex
 from autospec.telemetry import StepRecord
 
 DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
+MIN_HOT_EVIDENCE = 1.0  # (discounted) drafts after a full accept before that estimate is used
 
 
 @dataclass
@@ -45,6 +46,7 @@ class ControllerSettings:
     ngram_n: tuple[int, int] = (1, 4)
     seed: int = 0
     k_min: int = 1  # a floor on K whenever a drafter runs (K = 0, plain, stays legal)
+    regimes: bool = True  # separate estimates after a fully accepted draft (see _RequestState)
     prior_means: dict = field(default_factory=dict)  # drafter -> acceptance mean before evidence
 
     def __post_init__(self):
@@ -58,7 +60,14 @@ class ControllerSettings:
 
 @dataclass
 class _RequestState:
-    acceptance: dict[str, AcceptanceEstimate]
+    """Per request: discounted estimates per drafter. Acceptance is bursty — a model copying
+    its prompt, or looping, accepts whole drafts many steps in a row, then stops — so besides
+    the estimate over all of a drafter's steps (hot = False) there is one over the steps that
+    follow a fully accepted draft (hot = True), used right after one. A run of full accepts
+    drives K up the way transformers' +2/-1 heuristic does, with K still chosen by expected
+    tokens per second; where acceptance is not bursty both converge to the same rates."""
+    acceptance: dict[tuple[str, bool], AcceptanceEstimate]  # (drafter, hot) -> estimate
+    hot: dict[str, bool] = field(default_factory=dict)  # drafter -> last draft fully accepted
     current: Choice | None = None
     used: set = field(default_factory=set)  # drafters that have run in this request
     ngram: NgramIndex | None = None  # the request's context, indexed for counterfactuals
@@ -94,8 +103,9 @@ class AdaptiveController:
         if state is None:
             s = self.settings
             prior = self._prior(request.workload)
-            acceptance = {d: AcceptanceEstimate(s.k_max, prior[d].mean(), s.prior_strength,
-                                                s.discount) for d in self.drafters}
+            acceptance = {(d, hot): AcceptanceEstimate(s.k_max, prior[d].mean(), s.prior_strength,
+                                                       s.discount)
+                          for d in self.drafters for hot in (False, True)}
             state = self._requests[request.request_id] = _RequestState(
                 acceptance, ngram=NgramIndex(*s.ngram_n))
         return state
@@ -130,7 +140,7 @@ class AdaptiveController:
             return None, 0  # first step of the engine's life: measure a plain step first
         names = self.drafters
         # (D, k_max) Beta parameters of each drafter's per-position acceptance
-        a, b = (np.stack(x) for x in zip(*(state.acceptance[d].beta() for d in names)))
+        a, b = (np.stack(x) for x in zip(*(self._estimate(state, d).beta() for d in names)))
         means = a / (a + b)
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
         draws = self.rng.beta(a, b) if self.settings.thompson else means
@@ -147,11 +157,29 @@ class AdaptiveController:
         state.current = Choice(drafter, k, 0.0)
         return drafter, k
 
+    def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
+        """What to decide from: the hot regime's estimate right after a fully accepted draft,
+        else (or while the hot one rests on under MIN_HOT_EVIDENCE drafts, as where acceptance
+        is not bursty and full accepts are rare) the drafter's estimate over all its steps."""
+        if self.settings.regimes and state.hot.get(drafter, False):
+            hot = state.acceptance[drafter, True]
+            if hot.observations()[0] >= MIN_HOT_EVIDENCE:
+                return hot
+        return state.acceptance[drafter, False]
+
+    def _observe(self, state: _RequestState, drafter: str, proposed: int, accepted: int) -> None:
+        """Every verified draft informs the all-steps estimate; one that followed a fully
+        accepted draft also informs the hot one."""
+        state.acceptance[drafter, False].update(proposed, accepted)
+        if state.hot.get(drafter, False):
+            state.acceptance[drafter, True].update(proposed, accepted)
+        state.hot[drafter] = 0 < accepted == proposed
+
     def update(self, record: StepRecord, request) -> None:
         state = self._state(request)
         self.costs.observe_verify(record.verify_tokens, record.verify_seconds)
         prior = self._prior(request.workload)
-        if record.drafter in state.acceptance and record.k > 0:
+        if record.drafter in self.drafters and record.k > 0:
             if record.drafter in state.used:
                 # a drafter's first step in a request also prefills its cache with the whole
                 # context: a one-off, kept out of the per-token cost
@@ -159,11 +187,11 @@ class AdaptiveController:
             state.used.add(record.drafter)
             # an empty proposal counts as a rejection at position 0: it bought nothing
             proposed = max(record.proposed, 1)
-            state.acceptance[record.drafter].update(proposed, record.accepted)
+            self._observe(state, record.drafter, proposed, record.accepted)
             prior[record.drafter].update(proposed, record.accepted)
-        if self.settings.counterfactual and "ngram" in state.acceptance and record.drafter != "ngram":
+        if self.settings.counterfactual and "ngram" in self.drafters and record.drafter != "ngram":
             proposed, accepted = self._ngram_counterfactual(request, record.emitted)
-            state.acceptance["ngram"].update(proposed, accepted)
+            self._observe(state, "ngram", proposed, accepted)
             prior["ngram"].update(proposed, accepted)
         if request.done:
             self._requests.pop(request.request_id, None)
