@@ -90,7 +90,7 @@ def test_warm_start_reaches_steady_state_sooner():
     """A controller started from a Learner's snapshot (a daemon restart, a new serving
     process) decodes like a seasoned one from its first steps; a cold one needs a few."""
     from autospec.controller.learned import warm_vs_cold
-    figures = warm_vs_cold(geometric_trace(0.8, 0.1, n=600), seeds=4)
+    figures = warm_vs_cold(geometric_trace(0.8, 0.1, n=600), window=16, seeds=8)
     assert figures["warm_steps_to_steady"] == 0
     assert figures["cold_steps_to_steady"] > 0
     assert figures["tokens_per_s"]["warm"] == pytest.approx(figures["tokens_per_s"]["steady"], rel=0.02)

@@ -109,7 +109,7 @@ def token_seconds(records: list[RequestRecord]) -> np.ndarray:
 
 
 def steps_to_steady(runs: list[list[RequestRecord]], steady_runs: list[list[RequestRecord]],
-                    window: int = 64, tolerance: float = 0.05) -> float:
+                    window: int = 16, tolerance: float = 0.05) -> float:
     """Steps before `runs` decode within `tolerance` of `steady_runs` on the same tokens.
 
     Both sets decode the same output (a greedy trace), so they are compared token by token:
@@ -134,7 +134,7 @@ def steps_to_steady(runs: list[list[RequestRecord]], steady_runs: list[list[Requ
     return float(np.mean(steps))
 
 
-def warm_vs_cold(trace, window: int = 64, seeds: int = 10) -> dict:
+def warm_vs_cold(trace, window: int = 16, seeds: int = 10) -> dict:
     """The warm-start figure on a trace, over `seeds` Thompson seeds.
 
     steady: a controller that has already decoded the whole trace once, decoding it again.
