@@ -31,6 +31,7 @@ from autospec.telemetry import StepRecord
 
 DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
 MIN_HOT_EVIDENCE = 1.0  # (discounted) drafts after a full accept before that estimate is used
+SWITCH_HORIZON = 8  # rounds over which a drafter's start-up (cache prefill) is spread
 
 
 @dataclass
@@ -145,12 +146,17 @@ class AdaptiveController:
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
         draws = self.rng.beta(a, b) if self.settings.thompson else means
         draft_s = np.array([self.costs.draft_seconds(d, self.hints[d]) for d in names])
+        # a drafter not yet run in this request first prefills its cache with the whole
+        # context: charge that, spread over the rounds a switch would serve
+        context = len(request.tokens)
+        switch_s = np.array([0.0 if d in state.used else
+                             self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names])
         current = state.current
         index, k = decide_step(draws, means, draft_s, self.costs.verify_seconds(),
                                self.settings.k_max,
                                None if current is None else
                                PLAIN if current.drafter is None else names.index(current.drafter),
-                               self.settings.hysteresis)
+                               self.settings.hysteresis, switch_s)
         drafter = None if index == PLAIN else names[index]
         if drafter is not None:
             k = max(k, self.settings.k_min)
@@ -181,9 +187,12 @@ class AdaptiveController:
         prior = self._prior(request.workload)
         if record.drafter in self.drafters and record.k > 0:
             if record.drafter in state.used:
-                # a drafter's first step in a request also prefills its cache with the whole
-                # context: a one-off, kept out of the per-token cost
                 self.costs.observe_draft(record.drafter, record.draft_seconds, record.proposed)
+            else:
+                # a drafter's first step in a request also prefills its cache with the whole
+                # context: a one-off, kept out of the per-token cost and learnt on its own
+                self.costs.observe_prefill(record.drafter, record.draft_seconds,
+                                           record.proposed, record.context_tokens)
             state.used.add(record.drafter)
             # an empty proposal counts as a rejection at position 0: it bought nothing
             proposed = max(record.proposed, 1)

@@ -36,12 +36,14 @@ PLAIN = -1  # the drafter index of plain decoding in `decide_step`
 
 def decide_step(draws: np.ndarray, means: np.ndarray, draft_seconds: np.ndarray,
                 verify_seconds: np.ndarray, k_limit: int, current: int | None,
-                hysteresis: float) -> tuple[int, int]:
+                hysteresis: float, switch_seconds: np.ndarray | None = None) -> tuple[int, int]:
     """One step's decision over D drafters, as (drafter index or PLAIN, k).
 
     draws: (D, K_max) acceptance drawn from each drafter's posterior (Thompson), or the means;
     means: (D, K_max) posterior means; draft_seconds: (D,) per drafted token;
-    verify_seconds: (K_max+1,); current: the drafter index in use (PLAIN, or None at start).
+    verify_seconds: (K_max+1,); current: the drafter index in use (PLAIN, or None at start);
+    switch_seconds: (D,) the one-off cost of starting each drafter now (prefilling its cache
+    with the context), already spread over the rounds it would serve; 0 for one in use.
     1. the drafter: the best expected rate under the draws, plain decoding included;
     2. hysteresis: keep `current` while its best rate is within `hysteresis` of the winner's;
     3. K for that drafter from the means (changing K costs nothing: no exploration there),
@@ -50,7 +52,8 @@ def decide_step(draws: np.ndarray, means: np.ndarray, draft_seconds: np.ndarray,
     plain_rate = 1.0 / float(verify_seconds[0])
     if draws.shape[0] == 0 or k_limit < 1:
         return PLAIN, 0
-    best_rates = rate_table(draws[:, :k_limit], draft_seconds, verify_seconds)[:, 1:].max(axis=1)
+    best_rates = rate_table(draws[:, :k_limit], draft_seconds, verify_seconds,
+                            switch_seconds)[:, 1:].max(axis=1)
     winner = int(np.argmax(best_rates))
     winner_rate = float(best_rates[winner])
     if winner_rate <= plain_rate:

@@ -126,6 +126,7 @@ class CostModel:
         self.smoothing = smoothing
         self.forgetting = forgetting
         self.draft: dict[str, float] = {}
+        self.prefill: dict[str, float] = {}  # drafter -> seconds per context token at start-up
         self._sums = np.zeros(5)  # discounted sum of w, x, x^2, y, x*y
         self.observed = 0
 
@@ -134,6 +135,21 @@ class CostModel:
             per_token = seconds / proposed
             old = self.draft.get(drafter)
             self.draft[drafter] = per_token if old is None else old + self.smoothing * (per_token - old)
+
+    def observe_prefill(self, drafter: str, seconds: float, proposed: int, context: int) -> None:
+        """A drafter's first step in a request: its draft seconds minus the per-token part
+        are the start-up (a cache prefill over `context` tokens)."""
+        per_token = self.draft.get(drafter, 0.0)
+        start_up = max(0.0, seconds - per_token * proposed)
+        if context > 0:
+            rate = start_up / context
+            old = self.prefill.get(drafter)
+            self.prefill[drafter] = rate if old is None else old + self.smoothing * (rate - old)
+
+    def prefill_seconds(self, drafter: str, context: int) -> float:
+        """Predicted start-up seconds of a drafter over `context` tokens (0 before measured:
+        a stateless drafter, like n-gram lookup, has next to none)."""
+        return self.prefill.get(drafter, 0.0) * context
 
     def observe_verify(self, verify_tokens: int, seconds: float) -> None:
         k = verify_tokens - 1

@@ -16,16 +16,20 @@ def expected_tokens(alpha: np.ndarray) -> np.ndarray:
     return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(alpha))])
 
 
-def rate_table(alphas: np.ndarray, draft_seconds: np.ndarray, verify_seconds: np.ndarray) -> np.ndarray:
+def rate_table(alphas: np.ndarray, draft_seconds: np.ndarray, verify_seconds: np.ndarray,
+               extra_seconds: np.ndarray | None = None) -> np.ndarray:
     """Expected tokens per second of every (drafter, K), all drafters in one pass.
 
     alphas: (D, K_max) per-position acceptance; draft_seconds: (D,) per drafted token;
-    verify_seconds: (K_max+1,). Returns (D, K_max+1); column 0 is plain decoding.
+    verify_seconds: (K_max+1,); extra_seconds: (D,) added to every drafting round of that
+    drafter (a one-off cost spread over rounds). Returns (D, K_max+1); column 0 is plain.
     """
     d, k_max = alphas.shape
     expected = np.ones((d, k_max + 1))
     expected[:, 1:] += np.cumsum(np.cumprod(alphas, axis=1), axis=1)
     seconds = draft_seconds[:, None] * np.arange(k_max + 1) + verify_seconds[:k_max + 1]
+    if extra_seconds is not None:
+        seconds[:, 1:] += extra_seconds[:, None]
     return expected / seconds
 
 
