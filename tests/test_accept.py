@@ -61,3 +61,18 @@ def test_rejection_never_recovers_the_rejected_point_mass_token():
     for _ in range(200):
         accepted, nxt = rejection_accept([2], None, target, gen)  # target gives token 2 zero mass
         assert accepted == 0 and nxt in (0, 1)
+
+
+def test_fused_greedy_accept_equals_greedy_accept():
+    """The engine's CUDA path (autospec.kernels.greedy_verify) decides exactly as the pure
+    function; on this CPU it runs the kernel's torch reference."""
+    from autospec.engine.accept import fused_greedy_accept
+    gen = torch.Generator().manual_seed(0)
+    for k in range(0, 6):
+        for _ in range(20):
+            logits = torch.randn(k + 1, 37, generator=gen)
+            target = logits.argmax(-1).tolist()
+            # drafts that agree for a random prefix, then differ
+            agree = int(torch.randint(0, k + 1, (1,), generator=gen))
+            draft = target[:agree] + [(t + 1) % 37 for t in target[agree:k]]
+            assert fused_greedy_accept(draft, logits) == greedy_accept(draft, logits)

@@ -23,6 +23,19 @@ def greedy_accept(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple
     return accepted, target_tokens[accepted]
 
 
+def fused_greedy_accept(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
+    """greedy_accept through autospec.kernels.greedy_verify: the fused Triton kernel on CUDA
+    (one launch, no (k+1, V) argmax materialised on the host), its torch reference elsewhere.
+    Same result as greedy_accept, exactly (tests/test_kernels.py, tests/test_accept.py)."""
+    if not draft_tokens:
+        return greedy_accept(draft_tokens, target_logits)
+    from autospec.kernels.verify import greedy_verify  # imports triton: only when used
+    draft = torch.tensor([draft_tokens], device=target_logits.device)  # (1, k)
+    num_draft = torch.tensor([len(draft_tokens)], device=target_logits.device)
+    accepted, next_token = greedy_verify(draft, num_draft, target_logits[None])
+    return int(accepted[0]), int(next_token[0])
+
+
 def rejection_accept(draft_tokens: list[int], draft_probs: torch.Tensor | None,
                      target_probs: torch.Tensor, generator: torch.Generator | None) -> tuple[int, int]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): output ~ target_probs exactly.

@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 import torch
 
 from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, create_drafter
-from autospec.engine.accept import greedy_accept, rejection_accept
+from autospec.engine.accept import fused_greedy_accept, greedy_accept, rejection_accept
 from autospec.engine.kv import cache_kwarg, cached_forward, new_cache, rollback
 from autospec.engine.sampling import SamplingParams, probs_from_logits
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
@@ -148,7 +148,9 @@ class Engine:
 
         # 3. accept
         if request.sampling.greedy:
-            accepted, next_token = greedy_accept(draft_tokens, target_logits)
+            # on CUDA the fused Triton verification kernel; on CPU the pure function
+            accept = fused_greedy_accept if target_logits.is_cuda else greedy_accept
+            accepted, next_token = accept(draft_tokens, target_logits)
         else:
             target_probs = probs_from_logits(target_logits, request.sampling)
             draft_probs = draft.draft_probs[:len(draft_tokens)] if draft.draft_probs is not None else None
