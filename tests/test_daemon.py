@@ -216,3 +216,27 @@ def test_kill_9_mid_ingest_loses_no_acknowledged_batch(tmp_path):
     assert all(n == 20 for n in per_batch.values())  # ... whole: no half-stored batch
     print(f"sent {len(sent)}, acknowledged {len(acknowledged)}, stored {len(batches)}, "
           f"lost {len(set(acknowledged) - batches)}")
+
+
+def test_a_store_that_refuses_writes_gets_503_and_the_batch_lands_on_retry(tmp_path):
+    """The store cannot take the write (here: another process holds it locked past the busy
+    timeout; a full disk or a read-only file take the same path): 503, nothing acknowledged,
+    so the client keeps the batch; once the store takes writes again, the re-send is stored."""
+    daemon = start_daemon(tmp_path)
+    db = tmp_path / "store.db"
+    try:
+        assert request(daemon.url, "POST", "/v1/telemetry", batch("ok", [record("a")]))[0] == 200
+        blocker = sqlite3.connect(db, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            status, reply = request(daemon.url, "POST", "/v1/telemetry",
+                                    batch("later", [record("b")]), timeout=60)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert status == 503 and "send it again" in reply["error"], reply
+        assert request(daemon.url, "GET", "/healthz")[0] == 200
+        assert request(daemon.url, "POST", "/v1/telemetry", batch("later", [record("b")]))[0] == 200
+        assert stored(db) == 2
+    finally:
+        daemon.stop()
