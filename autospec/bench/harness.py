@@ -67,6 +67,7 @@ class Cell:
     proposed: int = 0
     accepted: int = 0
     steps: int = 0
+    policy_s: float = 0.0  # the controller's decide + update (our methods only)
 
     def add(self, r: RunResult) -> None:
         self.tokens += len(r.token_ids)
@@ -74,6 +75,7 @@ class Cell:
         self.proposed += r.proposed
         self.accepted += r.accepted
         self.steps += r.steps
+        self.policy_s += sum(s.policy_seconds for s in r.step_records or ())
 
 
 @dataclass
@@ -148,6 +150,8 @@ def _stats(cells: list[Cell], same: bool | None) -> dict:
         "mean_accepted_length": tokens / steps if steps else None,
         "identical_to_plain": same,
         "speedup_vs_plain": None,
+        # decide + update as a share of wall time (0 for fixed policies and hf: peers)
+        "policy_share": sum(c.policy_s for c in cells) / max(1e-12, sum(c.wall_s for c in cells)),
     }
 
 
@@ -159,6 +163,7 @@ def _merge(cells: list[Cell]) -> Cell:
         out.proposed += c.proposed
         out.accepted += c.accepted
         out.steps += c.steps
+        out.policy_s += c.policy_s
     return out
 
 
@@ -260,6 +265,10 @@ def format_table(report: dict) -> str:
         label = f"{name} ({picked})" if isinstance(picked, str) else name
         lines.append(f"| {label} | " + " | ".join(cells) +
                      f" | {'' if acc is None else f'{acc:.2f}'} | {'' if same is None else same} |")
+    shares = [f"{name} {stats[OVERALL]['policy_share']:.1%}" for name, stats in report["methods"].items()
+              if stats[OVERALL].get("policy_share", 0) > 0.001]
+    if shares:
+        lines += ["", "controller decide + update, share of wall time: " + ", ".join(shares)]
     return "\n".join(lines)
 
 
