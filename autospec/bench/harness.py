@@ -133,6 +133,11 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[str], repeats
         if m in DERIVED:
             report["methods"][m] = _oracle(report, data, categories, repeats, per_category=m != "oracle")
     _add_speedups(report, categories)
+    # theory from the static runs only: in adaptive runs deep positions are drafted only when
+    # acceptance runs hot, which would bias alpha upwards (acceptance is bursty)
+    static = Measurements()
+    static.steps.update({m: s for m, s in data.steps.items() if m == "plain" or m.startswith("static:")})
+    report["theoretical"] = theoretical_best(measure_costs(static, engine))
     report["sample_outputs"] = {p.id: tok.decode(data.outputs["plain"][p.id]) for p in prompts[:3]}
     return report
 
@@ -234,6 +239,28 @@ def measure_costs(data: Measurements, engine: Engine) -> dict:
     return out
 
 
+def theoretical_best(measured: dict) -> dict:
+    """S(K*) per category from the run's own measurements: max over drafters and K of
+    E(K) / (c K + v(K)), E(K) = 1 + sum_{j<K} P(position j accepted | proposed) (the measured
+    alpha is already cumulative over positions), c and v(K) in plain steps. The speedup a
+    perfect static choice would get if acceptance did not depend on K."""
+    v, c = measured.get("v") or {}, measured.get("c") or {}
+    best: dict[str, dict] = {}
+    for drafter, per_cat in (measured.get("alpha") or {}).items():
+        if drafter not in c:
+            continue
+        for category, kept in per_cat.items():
+            expected = 1.0
+            for k, p in enumerate(kept, 1):
+                expected += p
+                if str(k) not in v:
+                    break
+                rate = expected / (c[drafter] * k + v[str(k)])
+                if rate > best.get(category, {}).get("speedup", 0.0):
+                    best[category] = {"drafter": drafter, "k": k, "speedup": rate}
+    return best
+
+
 def _models(engine: Engine) -> dict:
     m = engine.models
     return {"target": m.target_name, "draft": m.draft_name,
@@ -269,6 +296,15 @@ def format_table(report: dict) -> str:
               if stats[OVERALL].get("policy_share", 0) > 0.001]
     if shares:
         lines += ["", "controller decide + update, share of wall time: " + ", ".join(shares)]
+    theory = report.get("theoretical") or {}
+    if theory:
+        lines += ["", "theoretical S(K*) from this run's alpha, c, v(K): " + ", ".join(
+            f"{c} {t['speedup']:.2f}x ({t['drafter']}:{t['k']})" for c, t in sorted(theory.items()))]
+        for name, stats in report["methods"].items():
+            if name.startswith("adaptive") or name in DERIVED:
+                lines.append(f"{name} achieved / theoretical: " + ", ".join(
+                    f"{c} {stats['by_category'][c]['speedup_vs_plain'] / t['speedup']:.2f}"
+                    for c, t in sorted(theory.items()) if c in stats["by_category"]))
     return "\n".join(lines)
 
 
