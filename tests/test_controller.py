@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.controller.decide import best_choice
+from autospec.controller.decide import PLAIN, decide_step
 from autospec.controller.estimates import AcceptanceEstimate, CostModel
 from autospec.controller.formulas import expected_tokens, speedup
 
@@ -20,15 +20,15 @@ def test_expected_tokens_matches_closed_form_for_flat_alpha():
 def test_best_choice_is_argmax_of_speedup(alpha, c):
     v = 1 + 0.03 * np.arange(9)  # verify cost grows a little with K, as on a CPU
     s = speedup(np.full(8, alpha), c, v)
-    choice = best_choice({"d": np.full(8, alpha)}, {"d": c}, v, 8)
-    assert choice.k == int(np.argmax(s))
-    assert choice.rate == pytest.approx(s.max())
+    alphas = np.full((1, 8), alpha)
+    assert decide_step(alphas, alphas, np.array([c]), v, 8, None, 0.0) == (0, int(np.argmax(s)))
 
 
 def test_plain_wins_when_drafts_are_useless_or_too_dear():
     v = np.ones(9)
-    assert best_choice({"d": np.zeros(8)}, {"d": 0.01}, v, 8).k == 0
-    assert best_choice({"d": np.full(8, 0.5)}, {"d": 2.0}, v, 8).drafter is None
+    zero, half = np.zeros((1, 8)), np.full((1, 8), 0.5)
+    assert decide_step(zero, zero, np.array([0.01]), v, 8, None, 0.0) == (PLAIN, 0)
+    assert decide_step(half, half, np.array([2.0]), v, 8, None, 0.0) == (PLAIN, 0)
 
 
 def test_acceptance_estimate_follows_a_phase_change():

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autospec.controller.decide import PLAIN, Choice, decide_step
+from autospec.controller.decide import PLAIN, decide_step
 from autospec.controller.estimates import AcceptanceEstimate, CostModel
 from autospec.drafters.base import drafter_class
 from autospec.drafters.ngram import NgramIndex
@@ -69,7 +69,7 @@ class _RequestState:
     tokens per second; where acceptance is not bursty both converge to the same rates."""
     acceptance: dict[tuple[str, bool], AcceptanceEstimate]  # (drafter, hot) -> estimate
     hot: dict[str, bool] = field(default_factory=dict)  # drafter -> last draft fully accepted
-    current: Choice | None = None
+    current: int | None = None  # decide_step's drafter index last chosen (PLAIN = none)
     used: set = field(default_factory=set)  # drafters that have run in this request
     ngram: NgramIndex | None = None  # the request's context, indexed for counterfactuals
 
@@ -154,13 +154,12 @@ class AdaptiveController:
         current = state.current
         index, k = decide_step(draws, means, draft_s, self.costs.verify_seconds(),
                                self.settings.k_max,
-                               None if current is None else
-                               PLAIN if current.drafter is None else names.index(current.drafter),
+                               current,
                                self.settings.hysteresis, switch_s)
         drafter = None if index == PLAIN else names[index]
         if drafter is not None:
             k = max(k, self.settings.k_min)
-        state.current = Choice(drafter, k, 0.0)
+        state.current = index
         return drafter, k
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:

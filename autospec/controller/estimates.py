@@ -30,34 +30,20 @@ class AcceptanceEstimate:
         self.strength = prior_strength
         self.pool_strength = pool_strength
         self.discount = discount
-        self.ev_a = np.zeros(k_max)
-        self.ev_b = np.zeros(k_max)
-        self._params = None  # beta() until the next update
+        self._set(np.zeros(k_max), np.zeros(k_max))
 
-    @property
-    def ev_a(self) -> np.ndarray:
-        return self._ev_a
-
-    @ev_a.setter
-    def ev_a(self, value) -> None:
-        self._ev_a, self._params = value, None
-
-    @property
-    def ev_b(self) -> np.ndarray:
-        return self._ev_b
-
-    @ev_b.setter
-    def ev_b(self, value) -> None:
-        self._ev_b, self._params = value, None
+    def _set(self, ev_a: np.ndarray, ev_b: np.ndarray) -> None:
+        """Replace the evidence; the cached Beta parameters go with it."""
+        self.ev_a, self.ev_b, self._params = ev_a, ev_b, None
 
     def update(self, proposed: int, accepted: int) -> None:
         """One verified draft: positions 0..accepted-1 kept, position `accepted` (if proposed)
         rejected, later positions unobserved."""
-        ev_a, ev_b = self._ev_a * self.discount, self._ev_b * self.discount
+        ev_a, ev_b = self.ev_a * self.discount, self.ev_b * self.discount
         ev_a[:min(accepted, self.k_max)] += 1
         if accepted < proposed and accepted < self.k_max:
             ev_b[accepted] += 1
-        self.ev_a, self.ev_b = ev_a, ev_b
+        self._set(ev_a, ev_b)
 
     def update_many(self, proposed, accepted) -> None:
         """`update` for each (proposed[i], accepted[i]) in order, in one vectorised pass:
@@ -73,8 +59,7 @@ class AcceptanceEstimate:
         kept = positions[None, :] < np.minimum(accepted, self.k_max)[:, None]  # (n, k_max)
         rejected = (positions[None, :] == accepted[:, None]) & (accepted < proposed)[:, None]
         scale = self.discount ** n
-        self.ev_a = self.ev_a * scale + weights @ kept
-        self.ev_b = self.ev_b * scale + weights @ rejected
+        self._set(self.ev_a * scale + weights @ kept, self.ev_b * scale + weights @ rejected)
 
     def beta(self) -> tuple[np.ndarray, np.ndarray]:
         """(a, b), each (k_max,): the Beta parameters per position (cached until an update)."""
@@ -91,8 +76,6 @@ class AcceptanceEstimate:
         a, b = self.beta()
         return a / (a + b)
 
-    def sample(self, rng: np.random.Generator) -> np.ndarray:
-        return rng.beta(*self.beta())
 
     def observations(self) -> np.ndarray:
         return self.ev_a + self.ev_b
@@ -111,7 +94,7 @@ class AcceptanceEstimate:
         seen[:n] = np.asarray(observations, float)[:n]
         rate = np.zeros(self.k_max)
         rate[:n] = np.asarray(rates, float)[:n]
-        self.ev_a, self.ev_b = seen * rate, seen * (1 - rate)
+        self._set(seen * rate, seen * (1 - rate))
         return self
 
 
