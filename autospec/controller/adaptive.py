@@ -85,6 +85,10 @@ class AdaptiveController:
         self.drafters = tuple(d for d in s.drafters if self.available is None or d in self.available)
         self.costs = CostModel(s.k_max)
         self.priors: dict[str, dict[str, AcceptanceEstimate]] = {}
+        # per-step outcomes not yet folded into the pooled per-workload estimates: those are
+        # read only when a request starts (or a snapshot is taken), so they are updated then,
+        # in one vectorised pass, instead of on every step's path
+        self._pending: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
         self.hints = {d: drafter_class(d).cost_hint for d in self.drafters}
         self.rng = np.random.default_rng(s.seed)
         self._requests: dict[str, _RequestState] = {}
@@ -97,7 +101,20 @@ class AdaptiveController:
             self.priors[key] = {d: AcceptanceEstimate(s.k_max, s.prior_means.get(d, 0.5), 2.0,
                                                       s.prior_discount)
                                 for d in self.drafters}
-        return self.priors[key]
+        prior = self.priors[key]
+        for drafter in self.drafters:
+            pending = self._pending.pop((key, drafter), None)
+            if pending:
+                prior[drafter].update_many(*pending)
+        return prior
+
+    def _pool(self, workload: str | None, drafter: str, proposed: int, accepted: int) -> None:
+        """Queue one outcome for the pooled estimate of (workload, drafter); see _prior."""
+        pending = self._pending.get((workload or "*", drafter))
+        if pending is None:
+            pending = self._pending[workload or "*", drafter] = ([], [])
+        pending[0].append(proposed)
+        pending[1].append(accepted)
 
     def _state(self, request) -> _RequestState:
         state = self._requests.get(request.request_id)
@@ -141,7 +158,8 @@ class AdaptiveController:
             return None, 0  # first step of the engine's life: measure a plain step first
         names = self.drafters
         # (D, k_max) Beta parameters of each drafter's per-position acceptance
-        a, b = (np.stack(x) for x in zip(*(self._estimate(state, d).beta() for d in names)))
+        ab = np.stack([x for d in names for x in self._estimate(state, d).beta()])
+        a, b = ab[0::2], ab[1::2]
         means = a / (a + b)
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
         draws = self.rng.beta(a, b) if self.settings.thompson else means
@@ -183,7 +201,6 @@ class AdaptiveController:
     def update(self, record: StepRecord, request) -> None:
         state = self._state(request)
         self.costs.observe_verify(record.verify_tokens, record.verify_seconds)
-        prior = self._prior(request.workload)
         if record.drafter in self.drafters and record.k > 0:
             if record.drafter in state.used:
                 self.costs.observe_draft(record.drafter, record.draft_seconds, record.proposed)
@@ -196,11 +213,11 @@ class AdaptiveController:
             # an empty proposal counts as a rejection at position 0: it bought nothing
             proposed = max(record.proposed, 1)
             self._observe(state, record.drafter, proposed, record.accepted)
-            prior[record.drafter].update(proposed, record.accepted)
+            self._pool(request.workload, record.drafter, proposed, record.accepted)
         if self.settings.counterfactual and "ngram" in self.drafters and record.drafter != "ngram":
             proposed, accepted = self._ngram_counterfactual(request, record.emitted)
             self._observe(state, "ngram", proposed, accepted)
-            prior["ngram"].update(proposed, accepted)
+            self._pool(request.workload, "ngram", proposed, accepted)
         if request.done:
             self._requests.pop(request.request_id, None)
 

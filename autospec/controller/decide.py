@@ -25,21 +25,27 @@ def decide_step(draws: np.ndarray, means: np.ndarray, draft_seconds: np.ndarray,
        or plain decoding when no K beats it."""
     k_limit = min(k_limit, len(verify_seconds) - 1, draws.shape[1])
     plain_rate = 1.0 / float(verify_seconds[0])
-    if draws.shape[0] == 0 or k_limit < 1:
+    d = draws.shape[0]
+    if d == 0 or k_limit < 1:
         return PLAIN, 0
-    best_rates = rate_table(draws[:, :k_limit], draft_seconds, verify_seconds,
-                            switch_seconds)[:, 1:].max(axis=1)
-    winner = int(np.argmax(best_rates))
-    winner_rate = float(best_rates[winner])
+    # one table for both: rows 0..D-1 under the draws (with the switch charge), D..2D-1 under
+    # the means (without it) — one pass over the small arrays instead of two
+    extra = np.zeros(2 * d)
+    if switch_seconds is not None:
+        extra[:d] = switch_seconds
+    table = rate_table(np.concatenate((draws[:, :k_limit], means[:, :k_limit])),
+                       np.concatenate((draft_seconds, draft_seconds)), verify_seconds, extra)
+    best_rates = table[:d, 1:].max(axis=1).tolist()
+    winner = max(range(d), key=best_rates.__getitem__)
+    winner_rate = best_rates[winner]
     if winner_rate <= plain_rate:
         winner, winner_rate = PLAIN, plain_rate
     if current is not None and current != winner:
-        kept = plain_rate if current == PLAIN else max(float(best_rates[current]), plain_rate)
+        kept = plain_rate if current == PLAIN else max(best_rates[current], plain_rate)
         if kept * (1 + hysteresis) >= winner_rate:
             winner = current
     if winner == PLAIN:
         return PLAIN, 0
-    row = rate_table(means[winner:winner + 1, :k_limit], draft_seconds[winner:winner + 1],
-                     verify_seconds)[0]
+    row = table[d + winner]
     k = int(np.argmax(row[1:])) + 1
     return (winner, k) if row[k] > plain_rate else (PLAIN, 0)

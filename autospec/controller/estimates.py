@@ -32,18 +32,26 @@ class AcceptanceEstimate:
         self.discount = discount
         self._set(np.zeros(k_max), np.zeros(k_max))
 
-    def _set(self, ev_a: np.ndarray, ev_b: np.ndarray) -> None:
-        """Replace the evidence; the cached Beta parameters go with it."""
+    def _set(self, ev_a: np.ndarray, ev_b: np.ndarray, total_a: float | None = None,
+             total_b: float | None = None) -> None:
+        """Replace the evidence (and its totals, summed here unless given); the cached Beta
+        parameters go with it."""
         self.ev_a, self.ev_b, self._params = ev_a, ev_b, None
+        self.total_a = float(ev_a.sum()) if total_a is None else total_a
+        self.total_b = float(ev_b.sum()) if total_b is None else total_b
 
     def update(self, proposed: int, accepted: int) -> None:
         """One verified draft: positions 0..accepted-1 kept, position `accepted` (if proposed)
-        rejected, later positions unobserved."""
-        ev_a, ev_b = self.ev_a * self.discount, self.ev_b * self.discount
-        ev_a[:min(accepted, self.k_max)] += 1
-        if accepted < proposed and accepted < self.k_max:
+        rejected, later positions unobserved. On the per-step path: the totals are kept
+        as running sums rather than re-summed."""
+        d = self.discount
+        ev_a, ev_b = self.ev_a * d, self.ev_b * d
+        kept = min(accepted, self.k_max)
+        ev_a[:kept] += 1
+        rejected = accepted < proposed and accepted < self.k_max
+        if rejected:
             ev_b[accepted] += 1
-        self._set(ev_a, ev_b)
+        self._set(ev_a, ev_b, self.total_a * d + kept, self.total_b * d + rejected)
 
     def update_many(self, proposed, accepted) -> None:
         """`update` for each (proposed[i], accepted[i]) in order, in one vectorised pass:
@@ -69,7 +77,7 @@ class AcceptanceEstimate:
 
     def _beta(self) -> tuple[np.ndarray, np.ndarray]:
         s = self.strength
-        pooled = (self.ev_a.sum() + s * self.prior_mean) / (self.ev_a.sum() + self.ev_b.sum() + s)
+        pooled = (self.total_a + s * self.prior_mean) / (self.total_a + self.total_b + s)
         return self.ev_a + self.pool_strength * pooled, self.ev_b + self.pool_strength * (1 - pooled)
 
     def mean(self) -> np.ndarray:
@@ -111,6 +119,7 @@ class CostModel:
         self.draft: dict[str, float] = {}
         self.prefill: dict[str, float] = {}  # drafter -> seconds per context token at start-up
         self._sums = np.zeros(5)  # discounted sum of w, x, x^2, y, x*y
+        self._sizes = np.arange(k_max + 1, dtype=float)
         self.observed = 0
 
     def observe_draft(self, drafter: str, seconds: float, proposed: int) -> None:
@@ -192,7 +201,7 @@ class CostModel:
         return self._verify
 
     def _fit(self) -> np.ndarray:
-        w, x, xx, y, xy = self._sums
+        w, x, xx, y, xy = self._sums.tolist()  # Python floats: faster than numpy scalars here
         if w == 0:
             return np.ones(self.k_max + 1)
         mean_x, mean_y = x / w, y / w
@@ -200,7 +209,7 @@ class CostModel:
         # one size seen so far: assume a memory-bound (flat) forward, the optimistic prior
         slope = max(0.0, (xy / w - mean_x * mean_y) / var) if var > 1e-9 else 0.0
         base = max(mean_y - slope * mean_x, 1e-6)
-        return base + slope * np.arange(self.k_max + 1)
+        return base + slope * self._sizes
 
     def draft_seconds(self, drafter: str, hint: float) -> float:
         """Measured seconds per drafted token, or hint * verify(0) before any measurement."""
