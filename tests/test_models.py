@@ -60,3 +60,54 @@ def test_kernels_and_store_are_not_top_level(tmp_path):
             "assert u.find_spec('kernels') is None or 'site-packages' in u.find_spec('kernels').origin\n"
             "assert u.find_spec('store') is None\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+
+
+def test_random_rows_repeat_a_run_after_some_code():
+    import numpy as np
+    from autospec.models.presets import TrainRecipe
+    from autospec.models.train import sample_batch
+    tokens = np.arange(5000, 6000, dtype=np.int32)  # "code", told apart from random ids < 4096
+    recipe = TrainRecipe(steps=1, batch=16, seq_len=512, lr=1e-3, warmup=1, copy_share=0.0,
+                         random_share=1.0)
+    batch = sample_batch(tokens, recipe, np.random.default_rng(0), vocab_size=4096).numpy()
+    assert batch.shape == (16, 512)
+    for row in batch:
+        lead = int((row >= 5000).sum())
+        assert lead < 64 and (row[:lead] >= 5000).all()
+        run = row[lead:]
+        assert 3 <= run.min() and run.max() < 4096
+        assert any((run[p:] == run[:-p]).all() for p in range(12, 160))
+    with pytest.raises(ValueError, match="vocabulary size"):
+        sample_batch(tokens, recipe, np.random.default_rng(0))
+
+
+def test_learning_rate_schedules():
+    from autospec.models.presets import TrainRecipe
+    from autospec.models.train import lr_at
+    constant = TrainRecipe(steps=100, batch=1, seq_len=8, lr=1e-3, warmup=10, copy_share=0,
+                           schedule="constant")
+    assert lr_at(4, constant) == pytest.approx(5e-4) and lr_at(99, constant) == 1e-3
+    cut = TrainRecipe(steps=50, batch=1, seq_len=8, lr=1e-3, warmup=0, copy_share=0,
+                      schedule_steps=100)
+    assert lr_at(50, cut) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * 2 * 0.5))  # half-way
+
+
+def test_a_new_stage_keeps_the_earlier_checkpoints(tmp_path):
+    from dataclasses import replace
+    from autospec.models.build import stage_checkpoint
+    from autospec.models.presets import get_preset
+    tiny = get_preset("tiny")
+    longer = replace(tiny, target_stages=tiny.target_stages * 2)
+    recipes = [tiny.target_recipe, *tiny.target_stages]
+    more = [longer.target_recipe, *longer.target_stages]
+    for i in range(len(recipes)):
+        assert stage_checkpoint(tmp_path, "target", tiny, recipes[:i + 1]) == \
+            stage_checkpoint(tmp_path, "target", longer, more[:i + 1])
+    assert stage_checkpoint(tmp_path, "target", longer, more) not in \
+        {stage_checkpoint(tmp_path, "target", tiny, recipes[:i + 1]) for i in range(len(recipes))}
+    # the draft's first stage does not depend on the target; its distilled stages do
+    assert stage_checkpoint(tmp_path, "draft", tiny, [tiny.draft_recipe]) == \
+        stage_checkpoint(tmp_path, "draft", longer, [longer.draft_recipe])
+    drafts = [tiny.draft_recipe, *tiny.draft_stages]
+    assert stage_checkpoint(tmp_path, "draft", tiny, drafts) != \
+        stage_checkpoint(tmp_path, "draft", longer, drafts)

@@ -30,9 +30,36 @@ def default_out_dir(preset: str) -> Path:
 
 
 def work_dir_for(preset: Preset, files: list[corpus_mod.SourceFile]) -> Path:
-    digest = hashlib.sha1(json.dumps([asdict(preset)] + [f.relpath for f in files],
-                                     default=str).encode()).hexdigest()[:12]
+    """Keyed by what the tokenizer and token streams depend on; each checkpoint is keyed by
+    its own recipe (`stage_checkpoint`), so a preset that gains a stage reuses the others."""
+    key = [preset.name, preset.vocab_size, preset.tokenizer_files, preset.max_corpus_files]
+    digest = hashlib.sha1(json.dumps(key + [f.relpath for f in files]).encode()).hexdigest()[:12]
     return cache_dir() / "build" / f"{preset.name}-{digest}"
+
+
+def stage_checkpoint(work: Path, role: str, preset: Preset, recipes: list) -> Path:
+    """The checkpoint of the last of `recipes`, keyed by the model's shape, the seed and every
+    recipe up to it (a stage continues from the ones before)."""
+    shape = preset.target if role == "target" else preset.draft
+    key = [asdict(shape), preset.seed, preset.max_positions] + [asdict(r) for r in recipes]
+    if role == "draft" and len(recipes) > 1:  # distilled from the finished target: its stages too
+        key.append([asdict(r) for r in (preset.target_recipe, *preset.target_stages)])
+    digest = hashlib.sha1(json.dumps(key, default=str).encode()).hexdigest()[:12]
+    return work / f"{role}-{len(recipes) - 1}-{digest}.pt"
+
+
+def train_stages(model, tokens, preset: Preset, role: str, seed: int, work: Path, quiet: bool,
+                 teacher=None) -> list[dict]:
+    """The role's main recipe, then each further stage in order; one summary per stage."""
+    recipes = [preset.target_recipe, *preset.target_stages] if role == "target" else \
+        [preset.draft_recipe, *preset.draft_stages]
+    runs = []
+    for i, recipe in enumerate(recipes):
+        label = role if i == 0 else f"{role} stage {i}"
+        runs.append(train(model, tokens, recipe, seed, stage_checkpoint(work, role, preset,
+                                                                        recipes[:i + 1]),
+                          label, quiet, teacher=teacher if i else None))
+    return runs
 
 
 def tokenize(tokenizer, files: list[corpus_mod.SourceFile], path: Path) -> np.ndarray:
@@ -76,11 +103,10 @@ def build(preset_name: str = "reference", corpus_dir: Path | None = None,
     eos = tokenizer.eos_token_id
     target = make_model(preset.target, len(tokenizer), preset.max_positions, eos, preset.seed,
                         autospec_exit_layer=preset.exit_layer)
-    target_run = train(target, train_tokens, preset.target_recipe, preset.seed,
-                       work / "target.pt", "target", quiet)
+    target_run = train_stages(target, train_tokens, preset, "target", preset.seed, work, quiet)
     draft = make_model(preset.draft, len(tokenizer), preset.max_positions, eos, preset.seed + 1)
-    draft_run = train(draft, train_tokens, preset.draft_recipe, preset.seed + 1,
-                      work / "draft.pt", "draft", quiet)
+    draft_run = train_stages(draft, train_tokens, preset, "draft", preset.seed + 1, work, quiet,
+                             teacher=target)
 
     card = measure(preset, target, draft, tokenizer, heldout_tokens, heldout_files)
     card["training"] = {"target": target_run, "draft": draft_run}
@@ -162,11 +188,13 @@ Built by `autospec models build --preset {p['name']}` (seed {p['seed']}), from t
   {p['target_recipe']['exit_weight']}) through the shared norm and head; the early-exit drafter
   uses layer {card['exit_layer']} (`autospec_exit_layer` in config.json).
 - draft (`draft/`): Llama, {p['draft']['layers']} layers, d={p['draft']['hidden']}.
-- recipe: AdamW (0.9, 0.95), wd 0.1, warm-up then cosine to 10 %, bf16 autocast, grad clip 1.
-  Target {p['target_recipe']['steps']} steps x {p['target_recipe']['batch']} x
-  {p['target_recipe']['seq_len']} tokens, lr {p['target_recipe']['lr']}; draft
-  {p['draft_recipe']['steps']} steps, lr {p['draft_recipe']['lr']}. A share
-  {p['target_recipe']['copy_share']} of sequences repeats a span of itself (copy curriculum).
+- recipe: AdamW (0.9, 0.95), wd 0.1, linear warm-up, bf16 autocast, grad clip 1; stages in
+  order, each continuing from the one before with a fresh optimizer. "copy": share of code rows
+  that repeat a span of themselves; "random": share of rows that repeat a run of random
+  tokens (only an induction head lowers their loss); the draft's later stages are distilled
+  from the finished target ("distill": weight of the KL term).
+
+{_stages(p)}
 
 ## Figures (this machine, {card['machine']}, torch {card['torch']}, bf16, batch 1)
 
@@ -181,13 +209,39 @@ Built by `autospec models build --preset {p['name']}` (seed {p['seed']}), from t
   than twice): {card['target_loop_rate']:.2f}
 - target copy similarity (a function, then its first 3 lines again; difflib ratio of the
   48-token greedy continuation against the rest of the function): {card['target_copy_similarity']:.3f}
-- training: target {card['training']['target']['train_seconds']} s, draft
-  {card['training']['draft']['train_seconds']} s of CPU wall time
+- training: target {_seconds(card, 'target')} s, draft {_seconds(card, 'draft')} s of CPU
+  wall time (shipped pair: see the notes)
 
 {_notes(p)}Full figures: `card.json`.
-"""
+{_copying()}"""
 
 
 def _notes(preset: dict) -> str:
     notes = preset.get("notes") or {}
     return "".join(f"Note ({key}): {text}\n\n" for key, text in notes.items())
+
+
+def _stages(preset: dict) -> str:
+    rows = ["| model | stage | steps | batch x tokens | lr, schedule | copy | random | exits | distill |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for role in ("target", "draft"):
+        for i, r in enumerate([preset[f"{role}_recipe"], *preset.get(f"{role}_stages", ())]):
+            schedule = r.get("schedule", "cosine")
+            if schedule == "cosine" and r.get("schedule_steps"):
+                schedule += f" over {r['schedule_steps']}"
+            rows.append(f"| {role} | {i} | {r['steps']} | {r['batch']} x {r['seq_len']} | "
+                        f"{r['lr']}, {schedule} | {r['copy_share']} | {r.get('random_share', 0)} | "
+                        f"{list(r['exit_layers']) or '-'} | {r.get('distill', 0) or '-'} |")
+    return "\n".join(rows)
+
+
+def _seconds(card: dict, role: str) -> float:
+    runs = card["training"][role]
+    runs = runs if isinstance(runs, list) else [runs]
+    return round(sum(r["train_seconds"] for r in runs), 1)
+
+
+def _copying() -> str:
+    """The table of copy-curriculum variants (kept in the package, carried into each card)."""
+    path = Path(__file__).with_name("copying.md")
+    return "\n" + path.read_text() if path.exists() else ""
