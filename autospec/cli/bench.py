@@ -13,7 +13,7 @@ DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ng
                    "static:draft-model:1,static:draft-model:2,static:draft-model:4,"
                    "static:draft-model:8,static:early-exit:1,static:early-exit:2,"
                    "static:early-exit:4,static:early-exit:8,hf:generate,hf:assisted:4,"
-                   "hf:prompt-lookup:4,hf:early-exit:4,oracle,oracle-per-category")
+                   "hf:prompt-lookup:4,hf:early-exit:4,adaptive,oracle,oracle-per-category")
 
 
 def default_prompts() -> Path:
