@@ -103,3 +103,18 @@ def test_decide_step_on_arrays():
     lucky = np.stack([weak, np.full(8, 0.99)])
     assert decide_step(lucky, np.stack([weak, np.full(8, 0.5)]), np.array([0.01, 0.2]),
                        1 + 0.1 * np.arange(9), 8, None, 0.0) == (1, 1)
+
+
+def test_ngram_is_drafted_only_as_far_as_its_proposal_reaches():
+    """The n-gram proposal is known before deciding: no match -> not n-gram; else K <= its length."""
+    from autospec.controller.trace import SimRequest
+    ctl = AdaptiveController(ControllerSettings(drafters=("ngram",), thompson=False,
+                                                prior_means={"ngram": 0.95}))
+    ctl.costs.observe_verify(1, 0.01)
+    ctl.costs.observe_draft("ngram", 1e-6, 1)
+    fresh = SimRequest("a", [5, 6, 7, 8], 4, None)  # no suffix recurs: nothing to propose
+    assert ctl.decide(fresh) == (None, 0)
+    # the suffix (7, 8) recurred with three tokens after it (9, 7, 8): at most 3 can be drafted
+    short = SimRequest("b", [7, 8, 9, 7, 8], 5, None)
+    drafter, k = ctl.decide(short)
+    assert drafter == "ngram" and 1 <= k <= 3

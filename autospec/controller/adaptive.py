@@ -163,6 +163,15 @@ class AdaptiveController:
         means = a / (a + b)
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
         draws = self.rng.beta(a, b) if self.settings.thompson else means
+        if "ngram" in names:
+            # n-gram's proposal is known before deciding (dict look-ups): positions past its
+            # length cannot be drafted, and with no match at all n-gram is no option this step
+            state.ngram.sync(request.tokens)
+            i, available = names.index("ngram"), len(state.ngram.propose(self.settings.k_max))
+            if available < means.shape[1]:
+                means[i, available:] = 0.0  # means and draws are this step's own arrays
+                if draws is not means:
+                    draws[i, available:] = 0.0
         draft_s = np.array([self.costs.draft_seconds(d, self.hints[d]) for d in names])
         # a drafter not yet run in this request first prefills its cache with the whole
         # context: charge that, spread over the rounds a switch would serve
@@ -215,14 +224,16 @@ class AdaptiveController:
             self._observe(state, record.drafter, proposed, record.accepted)
             self._pool(request.workload, record.drafter, proposed, record.accepted)
         if self.settings.counterfactual and "ngram" in self.drafters and record.drafter != "ngram":
-            proposed, accepted = self._ngram_counterfactual(request, record.emitted)
-            self._observe(state, "ngram", proposed, accepted)
-            self._pool(request.workload, "ngram", proposed, accepted)
+            scored = self._ngram_counterfactual(request, record.emitted)
+            if scored is not None:
+                self._observe(state, "ngram", *scored)
+                self._pool(request.workload, "ngram", *scored)
         if request.done:
             self._requests.pop(request.request_id, None)
 
-    def _ngram_counterfactual(self, request, emitted: int) -> tuple[int, int]:
-        """(proposed, accepted) n-gram would have scored on the step just verified.
+    def _ngram_counterfactual(self, request, emitted: int) -> tuple[int, int] | None:
+        """(proposed, accepted) n-gram would have scored on the step just verified (None when
+        it had nothing to propose).
 
         Only the `emitted` tokens are known to be the target's; a proposal longer than that is
         censored there (positions past it are left unobserved)."""
@@ -232,7 +243,7 @@ class AdaptiveController:
         verified = request.tokens[before:]
         proposal = state.ngram.propose(self.settings.k_max)
         if not proposal:
-            return 1, 0
+            return None  # nothing to draft: the decision rules n-gram out of such steps
         matched = 0
         for drafted, actual in zip(proposal, verified):
             if drafted != actual:
