@@ -186,7 +186,9 @@ def test_sweep_killed_mid_way_resumes_without_loss_or_duplicates(tmp_path, env):
     study = optuna.load_study(study_name="k9", storage=url)
     for failed in [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]:
         retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == failed.number]
-        assert len(retries) == 1 and retries[0].params == failed.params
+        # a kill can land between two suggestions: the retry re-runs what the failed trial
+        # had drawn, and draws the rest
+        assert len(retries) == 1 and failed.params.items() <= retries[0].params.items()
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
