@@ -12,6 +12,8 @@ Each step:
   a cache, and near-equal options must not thrash);
 - K for that drafter: argmax of expected tokens per second under the posterior *means*
   (changing K costs nothing, so exploration noise buys nothing there); K = 0 if plain wins.
+  n-gram's proposal is looked up first: K never passes its length, and a step where it has
+  no match is not an n-gram step (its estimates learn only from steps with a proposal).
 After each step: update the chosen drafter's estimate and, counterfactually, the n-gram
 drafter's: once the target has verified the tokens, what n-gram *would* have proposed costs
 microseconds to score, so its estimate learns even when it is not chosen.
