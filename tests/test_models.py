@@ -111,3 +111,24 @@ def test_a_new_stage_keeps_the_earlier_checkpoints(tmp_path):
     drafts = [tiny.draft_recipe, *tiny.draft_stages]
     assert stage_checkpoint(tmp_path, "draft", tiny, drafts) != \
         stage_checkpoint(tmp_path, "draft", longer, drafts)
+
+
+def test_distillation_term_is_the_kl_to_the_teacher():
+    from dataclasses import replace
+
+    import numpy as np
+    from autospec.models.presets import TrainRecipe, get_preset
+    from autospec.models.train import make_model, training_loss
+    tiny = get_preset("tiny")
+    model = make_model(tiny.draft, 64, 128, 0, seed=0)
+    other = make_model(tiny.draft, 64, 128, 0, seed=1)
+    batch = torch.from_numpy(np.random.default_rng(0).integers(0, 64, (2, 16)))
+    recipe = TrainRecipe(steps=1, batch=2, seq_len=16, lr=1e-3, warmup=1, copy_share=0.0,
+                         distill=1.0)
+    with torch.no_grad():
+        same, _ = training_loss(model, batch, recipe, teacher=model)
+        differs, _ = training_loss(model, batch, recipe, teacher=other)
+        ce, final = training_loss(model, batch, replace(recipe, distill=0.0), teacher=other)
+    assert float(same) == pytest.approx(0.0, abs=1e-5)
+    assert float(differs) > 1e-4
+    assert float(ce) == pytest.approx(final)  # no distill weight: plain CE, teacher unused

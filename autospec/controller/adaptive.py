@@ -74,6 +74,7 @@ class _RequestState:
     current: int | None = None  # decide_step's drafter index last chosen (PLAIN = none)
     used: set = field(default_factory=set)  # drafters that have run in this request
     ngram: NgramIndex | None = None  # the request's context, indexed for counterfactuals
+    proposal: tuple[int, list[int]] = (-1, [])  # (context length, n-gram proposal) at decide
 
 
 @dataclass
@@ -169,7 +170,9 @@ class AdaptiveController:
             # n-gram's proposal is known before deciding (dict look-ups): positions past its
             # length cannot be drafted, and with no match at all n-gram is no option this step
             state.ngram.sync(request.tokens)
-            i, available = names.index("ngram"), len(state.ngram.propose(self.settings.k_max))
+            proposal = state.ngram.propose(self.settings.k_max)
+            state.proposal = (len(request.tokens), proposal)  # the counterfactual reuses it
+            i, available = names.index("ngram"), len(proposal)
             if available < means.shape[1]:
                 means[i, available:] = 0.0  # means and draws are this step's own arrays
                 if draws is not means:
@@ -241,9 +244,11 @@ class AdaptiveController:
         censored there (positions past it are left unobserved)."""
         state = self._requests[request.request_id]
         before = len(request.tokens) - emitted
-        state.ngram.sync(request.tokens[:before])  # O(new tokens): the index only grows
         verified = request.tokens[before:]
-        proposal = state.ngram.propose(self.settings.k_max)
+        at, proposal = state.proposal
+        if at != before:  # not looked up at decide (the engine's first step): look it up now
+            state.ngram.sync(request.tokens[:before])  # O(new tokens): the index only grows
+            proposal = state.ngram.propose(self.settings.k_max)
         if not proposal:
             return None  # nothing to draft: the decision rules n-gram out of such steps
         matched = 0

@@ -84,7 +84,6 @@ class AcceptanceEstimate:
         a, b = self.beta()
         return a / (a + b)
 
-
     def observations(self) -> np.ndarray:
         return self.ev_a + self.ev_b
 

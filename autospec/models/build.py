@@ -42,15 +42,17 @@ def stage_checkpoint(work: Path, role: str, preset: Preset, recipes: list) -> Pa
     recipe up to it (a stage continues from the ones before)."""
     shape = preset.target if role == "target" else preset.draft
     key = [asdict(shape), preset.seed, preset.max_positions] + [asdict(r) for r in recipes]
-    if role == "draft" and len(recipes) > 1:  # distilled from the finished target: its stages too
-        key.append([asdict(r) for r in (preset.target_recipe, *preset.target_stages)])
+    if role == "draft" and len(recipes) > 1:  # distilled from the finished target: keyed by it
+        key.append(stage_checkpoint(work, "target", preset,
+                                    [preset.target_recipe, *preset.target_stages]).name)
     digest = hashlib.sha1(json.dumps(key, default=str).encode()).hexdigest()[:12]
     return work / f"{role}-{len(recipes) - 1}-{digest}.pt"
 
 
 def train_stages(model, tokens, preset: Preset, role: str, seed: int, work: Path, quiet: bool,
                  teacher=None) -> list[dict]:
-    """The role's main recipe, then each further stage in order; one summary per stage."""
+    """The role's main recipe, then each further stage in order; one summary per stage. The
+    teacher is used by stages with `distill` > 0 only."""
     recipes = [preset.target_recipe, *preset.target_stages] if role == "target" else \
         [preset.draft_recipe, *preset.draft_stages]
     runs = []
@@ -58,7 +60,7 @@ def train_stages(model, tokens, preset: Preset, role: str, seed: int, work: Path
         label = role if i == 0 else f"{role} stage {i}"
         runs.append(train(model, tokens, recipe, seed, stage_checkpoint(work, role, preset,
                                                                         recipes[:i + 1]),
-                          label, quiet, teacher=teacher if i else None))
+                          label, quiet, teacher))
     return runs
 
 
