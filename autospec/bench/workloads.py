@@ -10,6 +10,8 @@ deterministic for a given Python version. Categories, and who should win them:
   model or early exit should win.
 - prose: the first part of a long docstring or comment block (English text, little
   repetition) -> drafting pays least; plain decoding may be best.
+chat.jsonl (chat prompts for an Instruct target) is built by autospec.bench.chat_workloads,
+whose `chat_prompts` also makes the draft's training prompts from the training split.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import json
 import textwrap
 from pathlib import Path
 
+from autospec.bench.chat_workloads import build_chat, chat_prompts  # noqa: F401 (re-exported)
 from autospec.models.corpus import default_corpus_dir, iter_sources, split
 from autospec.models.evaluate import functions_of
 
@@ -127,7 +130,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("configs/workloads"))
     parser.add_argument("--corpus", type=Path, default=None)
     args = parser.parse_args()
-    for path in build(args.out, args.corpus):
+    for path in build(args.out, args.corpus) + [build_chat(args.out, args.corpus)]:
         print(f"wrote {path}")
 
 
