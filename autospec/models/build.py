@@ -215,7 +215,7 @@ Built by `autospec models build --preset {p['name']}` (seed {p['seed']}), from t
   wall time (shipped pair: see the notes)
 
 {_notes(p)}Full figures: `card.json`.
-{_copying()}"""
+{_copying()}{_reproducibility()}"""
 
 
 def _notes(preset: dict) -> str:
@@ -241,6 +241,12 @@ def _seconds(card: dict, role: str) -> float:
     runs = card["training"][role]
     runs = runs if isinstance(runs, list) else [runs]
     return round(sum(r["train_seconds"] for r in runs), 1)
+
+
+def _reproducibility() -> str:
+    """Why weights differ across machines while the inputs do not (issue 11)."""
+    path = Path(__file__).with_name("reproducibility.md")
+    return "\n" + path.read_text() if path.exists() else ""
 
 
 def _copying() -> str:
