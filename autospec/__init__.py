@@ -3,6 +3,7 @@
     import autospec
     out = autospec.generate("def add(a, b):", drafter="ngram", k=4)
     out.text, out.telemetry.mean_accepted_length
+    autospec.generate([{"role": "user", "content": "Hi!"}], pair="smollm2")  # a chat
 """
 from __future__ import annotations
 
@@ -11,20 +12,36 @@ __version__ = "0.1.0"
 _pairs: dict = {}
 
 
-def load(target: str | None = None, draft: str | None = None, dtype: str = "float32"):
-    """An Engine over target + draft (default: the shipped reference pair), cached per process."""
+def load(target: str | None = None, draft: str | None = None, dtype: str = "float32", *,
+         pair: str | None = None):
+    """An Engine over a named pair ("reference", the default, or "smollm2"; see
+    autospec/models/pairs.py) or over target + draft paths, cached per process."""
     from autospec.engine.loop import Engine
-    from autospec.models.pair import load_pair
-    key = (target, draft, dtype)
+    from autospec.models.pair import ModelLoadError, load_pair
+    from autospec.models.pairs import load_named_pair, named_pair
+    if pair is not None:
+        if target is not None or draft is not None:
+            raise ModelLoadError(f"pair={pair!r} names both models: give pair or target/draft, "
+                                 f"not both")
+        named_pair(pair)  # unknown names fail here, listing the known ones
+    key = (target, draft, dtype, pair)
     if key not in _pairs:
-        _pairs[key] = Engine(load_pair(target, draft, dtype))
+        models = load_named_pair(pair, dtype) if pair else load_pair(target, draft, dtype)
+        _pairs[key] = Engine(models)
     return _pairs[key]
 
 
-def generate(prompt, *, target: str | None = None, draft: str | None = None, **options):
+def generate(prompt, *, target: str | None = None, draft: str | None = None,
+             pair: str | None = None, **options):
     """One completion; options as Engine.generate (drafter, k, max_new_tokens, temperature,
-    top_k, top_p, seed, policy, on_tokens). Returns a Generation (text, token_ids, telemetry)."""
-    return load(target, draft).generate(prompt, **options)
+    top_k, top_p, seed, policy, on_tokens). `prompt` is text, token ids, or a chat: a list of
+    {"role", "content"} messages, rendered with the target's chat template. Returns a
+    Generation (text, token_ids, telemetry)."""
+    engine = load(target, draft, pair=pair)
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        from autospec.models.chat import encode_chat
+        prompt = encode_chat(engine.models, prompt)
+    return engine.generate(prompt, **options)
 
 
 def __getattr__(name):

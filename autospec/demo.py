@@ -2,7 +2,8 @@
 
 Starts `autospec daemon` (Unix socket in a temp dir, the store under the data dir, so what it
 learns carries over to the next run) and `autospec serve` on a free loopback port, drives the
-shipped mixed workload through /v1/completions — each prompt once with the online controller
+shipped mixed workload through /v1/completions (chat rows: /v1/chat/completions) — each
+prompt once with the online controller
 and once with plain decoding, interleaved, greedy — and ends with what the controller chose
 per category and the speedup against plain decoding measured in this run.
 """
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -79,19 +81,29 @@ def stop(proc: subprocess.Popen | None, timeout: float = 15.0) -> int | None:
         return proc.wait()
 
 
-def complete(url: str, prompt: str, max_tokens: int, method: str, workload: str) -> tuple[dict, float]:
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "autospec": {"method": method, "workload": workload}}).encode()
-    request = urllib.request.Request(f"{url}/v1/completions", body,
-                                     {"Content-Type": "application/json"})
+def complete(url: str, prompt, max_tokens: int, method: str, workload: str) -> tuple[str, dict, float]:
+    """(output text, autospec's metrics, client seconds) for one workload row (bench.harness's
+    Prompt): a plain prompt through /v1/completions, a chat through /v1/chat/completions."""
+    chat = prompt.messages is not None
+    body = {"max_tokens": max_tokens, "temperature": 0,
+            "autospec": {"method": method, "workload": workload}}
+    body.update({"messages": list(prompt.messages)} if chat else {"prompt": prompt.prompt})
+    request = urllib.request.Request(f"{url}/v1/{'chat/' if chat else ''}completions",
+                                     json.dumps(body).encode(), {"Content-Type": "application/json"})
     t0 = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=600) as reply:
-        payload = json.loads(reply.read())
-    return payload, time.perf_counter() - t0
+    try:
+        with urllib.request.urlopen(request, timeout=600) as reply:
+            payload = json.loads(reply.read())
+    except urllib.error.HTTPError as exc:  # a 400 says why in its body
+        raise DemoError(f"prompt '{prompt.id}': the server answered {exc.code}: "
+                        f"{exc.read().decode(errors='replace')[:500]}") from None
+    choice = payload["choices"][0]
+    text = choice["message"]["content"] if chat else choice["text"]
+    return text, payload["autospec"], time.perf_counter() - t0
 
 
 def run_demo(prompts, max_tokens: int, db: str | None, target: str | None, draft: str | None,
-             echo=print, progress=None) -> dict:
+             echo=print, progress=None, pair: str | None = None) -> dict:
     """Run everything; returns {category: {method: Tally}} and writes nothing but the store."""
     env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="autospec-demo-") as tmp:
@@ -101,7 +113,7 @@ def run_demo(prompts, max_tokens: int, db: str | None, target: str | None, draft
             daemon_args += ["--db", db]
         serve_args = ["serve", "--port", "0", "--daemon", f"unix:{tmp / 'daemon.sock'}",
                       "--params-interval", "2"]
-        for flag, value in (("--target", target), ("--draft", draft)):
+        for flag, value in (("--pair", pair), ("--target", target), ("--draft", draft)):
             if value:
                 serve_args += [flag, value]
         daemon = serve = None
@@ -118,9 +130,8 @@ def run_demo(prompts, max_tokens: int, db: str | None, target: str | None, draft
                 texts = {}
                 # alternate which method goes first, so slow drift favours neither
                 for method in (METHODS if i % 2 == 0 else METHODS[::-1]):
-                    payload, client_s = complete(url, p.prompt, limit, method, p.category)
-                    texts[method] = payload["choices"][0]["text"]
-                    results[p.category][method].add(payload["autospec"], client_s)
+                    texts[method], metrics, client_s = complete(url, p, limit, method, p.category)
+                    results[p.category][method].add(metrics, client_s)
                 identical &= texts["plain"] == texts["adaptive"]
                 if progress:
                     progress(i + 1, len(prompts), overall(results))

@@ -180,3 +180,100 @@ def test_the_daemons_policy_steers_the_servers_controller(tmp_path, tiny_dir):
     finally:
         serve.stop()
         daemon.stop()
+
+
+# -- /v1/chat/completions --------------------------------------------------------------------
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}]
+
+
+@pytest.fixture(scope="module")
+def chat_serve(tmp_path_factory, tiny_dir):
+    """A daemon and a server whose target's tokenizer has a chat template."""
+    from chat_models import chat_target
+    tmp = tmp_path_factory.mktemp("chat-serve")
+    target = chat_target(tiny_dir, tmp / "target")
+    daemon = start_daemon(tmp)
+    serve = start(["serve", "--port", "0", "--target", str(target), "--draft",
+                   str(tiny_dir / "draft"), "--daemon", daemon.url], tmp / "serve.log",
+                  env={"OMP_NUM_THREADS": "1"})
+    yield serve, target, daemon
+    serve.stop()
+    daemon.stop()
+
+
+def chat(url, **fields):
+    return request(url, "POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 12,
+                                                         "temperature": 0, **fields})
+
+
+def chat_stream(url, **fields) -> list[dict]:
+    body = json.dumps({"messages": CHAT, "max_tokens": 12, "temperature": 0, "stream": True,
+                       **fields}).encode()
+    events = []
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/v1/chat/completions", body),
+                                timeout=60) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        events = [line.decode().strip()[6:] for line in r if line.startswith(b"data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_chat_stream_equals_whole_equals_the_engine(chat_serve, tiny_dir):
+    from chat_models import chatml
+
+    from autospec.engine.loop import Engine
+    from autospec.models.pair import load_pair
+    serve, target, daemon = chat_serve
+    engine = Engine(load_pair(str(target), str(tiny_dir / "draft")))
+    ids = engine.models.tokenizer.encode(chatml(CHAT), add_special_tokens=False)
+    expected = engine.generate(ids, drafter=None, max_new_tokens=12).text
+
+    status, body = chat(serve.url)
+    assert status == 200 and body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    choice = body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": expected}
+    assert choice["finish_reason"] == "length"
+    assert body["usage"]["prompt_tokens"] == len(ids) == body["autospec"]["prompt_tokens"]
+    assert body["autospec"]["method"] == "adaptive"
+
+    chunks = chat_stream(serve.url, autospec={"method": "static:draft-model:3", "workload": "chat"})
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:])
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == expected
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]
+    assert chunks[-1]["autospec"]["method"] == "static:draft-model:3"
+    # the same rendered prompt through /v1/completions (as token ids): the same text
+    plain = request(serve.url, "POST", "/v1/completions", {"prompt": ids, "max_tokens": 12,
+                                                           "temperature": 0})[1]
+    assert plain["choices"][0]["text"] == expected
+    # OpenAI's newer name for the limit
+    assert chat(serve.url, max_tokens=None, max_completion_tokens=12)[1]["choices"][0] == choice
+    # telemetry reaches the daemon as for completions
+    metrics = lambda: request(daemon.url, "GET", "/metrics")[1]  # noqa: E731
+    assert wait_for(lambda: 'workload="chat"} 1' in metrics())
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"messages": None}, "messages"), ({"messages": []}, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": ["x"]}]}, "messages[0].content"),
+    ({"messages": ["x"]}, "messages[0]"), ({"prompt": "x"}, "prompt"),
+    ({"max_tokens": 0}, "max_tokens"), ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"max_completion_tokens": 5}, "max_completion_tokens"),  # differs from max_tokens: 12
+    ({"temperature": 3}, "temperature"), ({"tools": [{"type": "function"}]}, "tools"),
+    ({"n": 2}, "n"), ({"stream": "yes"}, "stream"), ({"model": "gpt-9"}, "model"),
+    ({"autospec": {"method": "static:ngarm:4"}}, "autospec.method"),
+    ({"messages": [{"role": "user", "content": "x " * 3000}]}, "messages"),
+])
+def test_bad_chat_requests_get_openai_errors(chat_serve, fields, param):
+    serve = chat_serve[0]
+    status, body = chat(serve.url, **fields)
+    assert status == 400 and body["error"]["param"] == param, body
+    assert body["error"]["type"] == "invalid_request_error"
+
+
+def test_chat_on_a_pair_without_a_template_is_a_400(shared):
+    _, serve, _ = shared
+    status, body = chat(serve.url)
+    assert status == 400 and "has no chat template" in body["error"]["message"], body

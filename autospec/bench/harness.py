@@ -25,14 +25,25 @@ OVERALL = "overall"
 
 @dataclass
 class Prompt:
+    """One workload row: a plain `prompt`, or a chat (`messages`) for the target's template."""
     id: str
-    prompt: str
+    prompt: str | None
     category: str
     max_new_tokens: int | None = None
+    messages: tuple[dict, ...] | None = None
+
+
+def prompt_ids(engine: Engine, p: Prompt) -> list[int]:
+    """The row's token ids: the prompt encoded, or the chat rendered (autospec/models/chat.py)."""
+    if p.messages is not None:
+        from autospec.models.chat import encode_chat
+        return encode_chat(engine.models, p.messages)
+    return engine.encode(p.prompt)
 
 
 def load_prompts(path: Path) -> list[Prompt]:
     """Read a workload JSONL; each error names the file, the line and the field."""
+    from autospec.models.chat import ChatError, check_messages
     prompts = []
     try:
         lines = Path(path).read_text().splitlines()
@@ -47,13 +58,26 @@ def load_prompts(path: Path) -> list[Prompt]:
             raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}:{n}: expected an object")
-        for key in ("id", "prompt", "category"):
-            if not isinstance(row.get(key), str) or not row[key]:
-                raise ValueError(f"{path}:{n}: field '{key}' must be a non-empty string")
+        if not isinstance(row.get("id"), str) or not row["id"]:
+            raise ValueError(f"{path}:{n}: field 'id' must be a non-empty string")
+        messages = None
+        if "messages" in row:
+            if "prompt" in row:
+                raise ValueError(f"{path}:{n}: give 'prompt' or 'messages', not both")
+            try:
+                messages = check_messages(row["messages"])
+            except ChatError as exc:
+                raise ValueError(f"{path}:{n}: {exc}") from None
+        elif "prompt" not in row:
+            raise ValueError(f"{path}:{n}: give 'prompt' (a string) or 'messages' (a chat)")
+        elif not isinstance(row["prompt"], str) or not row["prompt"]:
+            raise ValueError(f"{path}:{n}: field 'prompt' must be a non-empty string")
+        if not isinstance(row.get("category"), str) or not row["category"]:
+            raise ValueError(f"{path}:{n}: field 'category' must be a non-empty string")
         limit = row.get("max_new_tokens")
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise ValueError(f"{path}:{n}: field 'max_new_tokens' must be a positive integer")
-        prompts.append(Prompt(row["id"], row["prompt"], row["category"], limit))
+        prompts.append(Prompt(row["id"], row.get("prompt"), row["category"], limit, messages))
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts
@@ -93,7 +117,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[str], repeats
     measured = [m for m in methods if m not in DERIVED]
     runners = {m: make_runner(m, engine) for m in measured}
     tok = engine.models.tokenizer
-    encoded = {p.id: engine.encode(p.prompt) for p in prompts}
+    encoded = {p.id: prompt_ids(engine, p) for p in prompts}
     limit = engine.models.max_positions
     for p in prompts:
         if len(encoded[p.id]) + (p.max_new_tokens or max_new_tokens) > limit:

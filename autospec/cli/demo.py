@@ -1,11 +1,12 @@
-"""`autospec demo`: daemon + serve + the mixed workload, on the shipped reference pair."""
+"""`autospec demo`: daemon + serve + the mixed workload, on the shipped reference pair (or
+another, --pair)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
 
-from autospec.cli.options import draft_option, target_option
+from autospec.cli.options import check_pair_args, draft_option, pair_option, target_option
 
 
 def mixed_prompts() -> Path:
@@ -21,9 +22,10 @@ def mixed_prompts() -> Path:
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--db", default=None, metavar="URL",
               help="The daemon's store (env AUTOSPEC_DB). Default: SQLite under the data dir.")
+@pair_option
 @target_option
 @draft_option
-def demo(prompts_path, limit, max_tokens, db, target, draft):
+def demo(prompts_path, limit, max_tokens, db, pair, target, draft):
     """Start a daemon and a server, drive a workload through them, show what was chosen."""
     import os
 
@@ -31,9 +33,13 @@ def demo(prompts_path, limit, max_tokens, db, target, draft):
 
     from autospec.bench.harness import load_prompts
     from autospec.demo import DemoError, format_summary, run_demo
+    from autospec.models.pairs import named_pair
 
+    check_pair_args(pair, target, draft)
     try:
         prompts = load_prompts(prompts_path or mixed_prompts())
+        if pair:
+            named_pair(pair).locate()  # a pair not fetched yet: say so here, not in serve's log
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     prompts = prompts[:limit] if limit else prompts
@@ -46,7 +52,7 @@ def demo(prompts_path, limit, max_tokens, db, target, draft):
 
     try:
         outcome = run_demo(prompts, max_tokens, db or os.environ.get("AUTOSPEC_DB"), target,
-                           draft, echo=lambda m: bar.write(m), progress=progress)
+                           draft, echo=lambda m: bar.write(m), progress=progress, pair=pair)
     except KeyboardInterrupt:
         bar.close()
         click.echo("interrupted: daemon and server stopped", err=True)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from autospec.cli.options import draft_option, dtype_option, load_engine, target_option
+from autospec.cli.options import draft_option, dtype_option, load_engine, pair_option, target_option
 
 
 @click.command()
@@ -20,11 +20,14 @@ from autospec.cli.options import draft_option, dtype_option, load_engine, target
 @click.option("--top-p", default=1.0, show_default=True, type=float)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Telemetry summary as JSON on stderr.")
+@click.option("--chat", is_flag=True,
+              help="Send --prompt as one user message, rendered with the target's chat template.")
+@pair_option
 @target_option
 @draft_option
 @dtype_option
 def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed, as_json,
-             target, draft, dtype):
+             chat, pair, target, draft, dtype):
     """Generate a completion with speculative decoding."""
     from autospec.drafters.base import known_drafters
     from autospec.engine.bandwidth import peak_bandwidth_gbs
@@ -37,8 +40,14 @@ def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed
     if drafter is not None and k <= 0:
         raise click.BadParameter(f"k must be >= 1, got {k} (for plain decoding use --drafter none)",
                                  param_hint="--k")
-    engine = load_engine(target, draft, dtype)
+    engine = load_engine(target, draft, dtype, pair)
     tokenizer = engine.models.tokenizer
+    if chat:
+        from autospec.models.chat import encode_chat
+        try:
+            prompt = encode_chat(engine.models, [{"role": "user", "content": prompt}])
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
     emitted: list[int] = []
     printed = 0
 

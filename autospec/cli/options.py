@@ -3,6 +3,23 @@ from __future__ import annotations
 
 import click
 
+from autospec.models.pairs import PAIRS
+
+
+def _check_pair(ctx, param, name):
+    if name is not None and name not in PAIRS:
+        raise click.BadParameter(f"unknown pair '{name}' (known: {', '.join(sorted(PAIRS))})")
+    return name
+
+
+def _pair_option(what: str):
+    names = "; ".join(f"{p.name}: {p.summary}" for p in PAIRS.values())
+    return click.option("--pair", default=None, metavar="NAME", callback=_check_pair,
+                        help=f"A model pair by name ({names}). {what}")
+
+
+pair_option = _pair_option("Default: reference. Not with --target/--draft.")
+trace_pair_option = _pair_option("Refuse a trace recorded on another pair.")
 target_option = click.option("--target", default=None, metavar="PATH",
                              help="Target model (HF dir or id). Default: the shipped reference target.")
 draft_option = click.option("--draft", default=None, metavar="PATH",
@@ -12,11 +29,22 @@ dtype_option = click.option("--dtype", default="float32", show_default=True,
                             help="Compute dtype (float32 keeps greedy output token-identical).")
 
 
-def load_engine(target, draft, dtype):
+def check_pair_args(pair, target, draft) -> None:
+    """--pair names both models: with --target or --draft it is a usage error."""
+    if pair is not None and (target is not None or draft is not None):
+        given = "--target" if target is not None else "--draft"
+        raise click.UsageError(f"--pair {pair} names both models: give --pair or "
+                               f"--target/--draft, not {given} with it")
+
+
+def load_engine(target, draft, dtype, pair=None):
     """Engine or a ClickException naming what is wrong (no traceback for bad input)."""
     from autospec.engine.loop import Engine
     from autospec.models.pair import ModelLoadError, load_pair
+    from autospec.models.pairs import load_named_pair
+    check_pair_args(pair, target, draft)
     try:
-        return Engine(load_pair(target, draft, dtype))
+        models = load_named_pair(pair, dtype) if pair else load_pair(target, draft, dtype)
     except ModelLoadError as exc:
         raise click.ClickException(str(exc)) from None
+    return Engine(models)

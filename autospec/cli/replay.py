@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from autospec.cli.options import trace_pair_option
+
 DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema")
 
 
@@ -20,12 +22,15 @@ DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema")
 @click.option("--warm-start", is_flag=True,
               help="Instead: steps the adaptive controller needs to reach steady state, cold "
                    "(a new process) vs warm (started from what the daemon learnt).")
-def replay(trace_path, controllers, json_path, warm_start):
+@trace_pair_option
+def replay(trace_path, controllers, json_path, warm_start, pair):
     """Simulated tokens/s per controller and category, from the trace's recorded costs."""
     from autospec.bench.methods import parse_methods
     from autospec.controller.trace import Trace
     try:
         trace = Trace.load(trace_path)
+        if pair:
+            check_trace_pair(trace, trace_path, pair)
         if warm_start:
             from autospec.controller.learned import warm_vs_cold
             figures = warm_vs_cold(trace)
@@ -44,6 +49,16 @@ def replay(trace_path, controllers, json_path, warm_start):
     click.echo(format_replay(results))
     if json_path:
         json_path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def check_trace_pair(trace, path, pair: str) -> None:
+    """Refuse a trace recorded on another pair than `pair` (when the trace says which)."""
+    from autospec.models.pairs import pair_name_for
+    models = trace.models or {}
+    recorded = models.get("pair") or (
+        pair_name_for(models["target"], models.get("draft")) if models.get("target") else None)
+    if recorded is not None and recorded != pair:
+        raise ValueError(f"trace '{path}' was recorded on pair '{recorded}', not '{pair}'")
 
 
 def run_replay(trace, names, drafters) -> dict:

@@ -1,14 +1,16 @@
-"""`autospec serve`: OpenAI-compatible completions on the engine, reporting to the daemon."""
+"""`autospec serve`: OpenAI-compatible completions and chat completions on the engine,
+reporting to the daemon."""
 from __future__ import annotations
 
 import click
 
-from autospec.cli.options import draft_option, dtype_option, load_engine, target_option
+from autospec.cli.options import draft_option, dtype_option, load_engine, pair_option, target_option
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@pair_option
 @target_option
 @draft_option
 @dtype_option
@@ -23,9 +25,10 @@ from autospec.cli.options import draft_option, dtype_option, load_engine, target
               type=click.IntRange(min=1), help="Telemetry records kept while the daemon is away.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(host, port, target, draft, dtype, daemon_url, token, model_name, params_interval,
+def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name, params_interval,
           buffer_limit, log_level):
-    """OpenAI /v1/completions (with SSE streaming) on the engine and the online controller."""
+    """OpenAI /v1/completions and /v1/chat/completions (with SSE streaming) on the engine and
+    the online controller."""
     import asyncio
 
     from autospec.daemon.client import DaemonClient
@@ -38,7 +41,7 @@ def serve(host, port, target, draft, dtype, daemon_url, token, model_name, param
         click.echo(f"warning: serving on {host}, reachable from the network, without "
                    f"authentication", err=True)
     configure_logging(log_level)
-    engine = load_engine(target, draft, dtype)
+    engine = load_engine(target, draft, dtype, pair)
     pair_name = engine.models.key
     client = None
     if daemon_url:

@@ -9,7 +9,7 @@ drafter, verify seconds per forward size), and replay charges them, so controlle
 compared deterministically and in milliseconds (this is what `tune` searches over).
 
 File format (JSON): {"schema_version": 1, "k_max": int, "costs": {"verify_seconds": [K_max+1],
-"draft_seconds_per_token": {drafter: float}}, "models": {...},
+"draft_seconds_per_token": {drafter: float}}, "models": {"target", "draft", "pair"},
 "requests": [{"id", "category", "prompt": [ids], "output": [ids], "match": {drafter: [ints]}}]}
 """
 from __future__ import annotations
@@ -77,10 +77,11 @@ class Trace:
 def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
            max_new_tokens: int = 128, progress=None) -> Trace:
     """Greedy only. For every prompt: the plain output, then each drafter's matches."""
+    from autospec.bench.harness import prompt_ids
     draft_times: dict[str, list[float]] = {d: [] for d in drafters}
     requests = []
     for i, p in enumerate(prompts):
-        ids = engine.encode(p.prompt)
+        ids = prompt_ids(engine, p)
         plain = engine.generate(ids, policy=StaticPolicy(None, 0),
                                 max_new_tokens=p.max_new_tokens or max_new_tokens)
         output = plain.token_ids
@@ -107,7 +108,8 @@ def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
     verify = calibrate_verify(engine, requests[0].prompt + requests[0].output, k_max)
     return Trace(k_max, verify,
                  {d: statistics.median(v) if v else 0.0 for d, v in draft_times.items()},
-                 requests, {"target": engine.models.target_name, "draft": engine.models.draft_name})
+                 requests, {"target": engine.models.target_name, "draft": engine.models.draft_name,
+                            "pair": engine.models.key})
 
 
 @torch.inference_mode()

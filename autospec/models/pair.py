@@ -2,6 +2,7 @@
 
 Any AutoModelForCausalLM works: a local path, or a hub id when the hub is reachable. With no
 paths, the reference pair shipped in the package is used (built on first use if absent).
+Pairs by name (reference, smollm2): autospec/models/pairs.py.
 """
 from __future__ import annotations
 
@@ -34,11 +35,12 @@ class ModelPair:
 
     @property
     def key(self) -> str:
-        """The store's model-pair key: "reference" for the shipped pair, else target+draft."""
-        from autospec.paths import REFERENCE_DIR
-        if (Path(self.target_name) == REFERENCE_DIR / "target"
-                and self.draft_name in (None, str(REFERENCE_DIR / "draft"))):
-            return "reference"
+        """The store's model-pair key: a named pair's name ("reference", "smollm2"; see
+        autospec/models/pairs.py), else target+draft."""
+        from autospec.models.pairs import pair_name_for
+        name = pair_name_for(self.target_name, self.draft_name)
+        if name:
+            return name
         return f"{self.target_name}+{self.draft_name}" if self.draft_name else self.target_name
 
     @property

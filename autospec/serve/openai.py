@@ -1,9 +1,12 @@
-"""OpenAI /v1/completions: request validation and response bodies.
+"""OpenAI /v1/completions and /v1/chat/completions: request validation and response bodies.
 
-Supported: model, prompt (a string, a one-string list, or token ids), max_tokens, temperature,
-top_p, seed, stream, n = 1, and vLLM's top_k. Fields OpenAI defines that this server does not
-implement (stop, logprobs, echo, penalties, best_of, logit_bias, suffix) are refused with 400
-unless they hold their no-op default — silently ignoring them would return wrong output.
+Completions: model, prompt (a string, a one-string list, or token ids), max_tokens, temperature,
+top_p, seed, stream, n = 1, and vLLM's top_k. Chat completions: the same with messages
+(roles system, user, assistant; string content) instead of prompt, and max_completion_tokens as
+another name for max_tokens (whose default is then the model's context: OpenAI's chat has no
+cap). Fields OpenAI defines that this server does not implement (stop, logprobs, echo,
+penalties, best_of, logit_bias, suffix; for chat also tools, response_format) are refused with
+400 unless they hold their no-op default — silently ignoring them would return wrong output.
 autospec's own field: "autospec": {"method": "adaptive" | "plain" | "static:DRAFTER:K",
 "workload": NAME}.
 """
@@ -11,17 +14,24 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autospec.drafters.base import known_drafters
+from autospec.models.chat import ChatError, check_messages
 from autospec.telemetry import RequestRecord
 
 MAX_TOKENS_DEFAULT = 16  # OpenAI's default for /v1/completions
 _NO_OP = {"stop": (None, [], ""), "logprobs": (None, 0), "echo": (False,), "suffix": (None, ""),
           "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "best_of": (None, 1),
           "logit_bias": (None, {}), "stream_options": (None, {}), "user": None}
-_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream",
-           "n", "autospec", *_NO_OP}
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "n", "autospec"}
+_FIELDS = {"prompt", *_COMMON, *_NO_OP}
+_CHAT_NO_OP = {"stop": (None, [], ""), "logprobs": (None, False), "top_logprobs": (None, 0),
+               "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+               "logit_bias": (None, {}), "stream_options": (None, {}), "tools": (None, []),
+               "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
+               "user": None, "parallel_tool_calls": None}
+_CHAT_FIELDS = {"messages", "max_completion_tokens", *_COMMON, *_CHAT_NO_OP}
 
 
 class InvalidRequest(ValueError):
@@ -34,7 +44,7 @@ class InvalidRequest(ValueError):
 
 @dataclass(frozen=True)
 class Completion:
-    prompt: str | list[int]
+    prompt: str | list[int] | None  # chat: None until the messages are rendered into ids
     max_tokens: int
     temperature: float
     top_p: float
@@ -44,6 +54,7 @@ class Completion:
     method: str  # "adaptive" | "plain" | "static:DRAFTER:K"
     workload: str | None
     model: str
+    messages: tuple[dict, ...] | None = None  # a chat request (/v1/chat/completions)
 
 
 def _number(payload: dict, name: str, default, lo: float, hi: float, integer: bool = False):
@@ -70,14 +81,7 @@ def parse_method(method) -> str:
 
 
 def parse_completion(payload, model_name: str, max_tokens_limit: int) -> Completion:
-    if not isinstance(payload, dict):
-        raise InvalidRequest("expected a JSON object")
-    unknown = sorted(set(payload) - _FIELDS)
-    if unknown:
-        raise InvalidRequest(f"unknown field(s) {unknown}", unknown[0])
-    for name, no_ops in _NO_OP.items():
-        if no_ops is not None and name in payload and payload[name] not in no_ops:
-            raise InvalidRequest(f"{name}: not supported by this server (got {payload[name]!r})", name)
+    _check_fields(payload, _FIELDS, _NO_OP)
     prompt = payload.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -87,6 +91,42 @@ def parse_completion(payload, model_name: str, max_tokens_limit: int) -> Complet
     elif not isinstance(prompt, str) or not prompt:
         raise InvalidRequest("prompt: expected a non-empty string (or one string in a list, or "
                              "a list of token ids)", "prompt")
+    return _parse_common(payload, model_name, max_tokens_limit, MAX_TOKENS_DEFAULT, prompt=prompt)
+
+
+def parse_chat(payload, model_name: str, max_tokens_limit: int) -> Completion:
+    """A /v1/chat/completions request; its messages are rendered later, by the server."""
+    _check_fields(payload, _CHAT_FIELDS, _CHAT_NO_OP)
+    try:
+        messages = check_messages(payload.get("messages"))
+    except ChatError as exc:
+        raise InvalidRequest(str(exc), exc.param) from None
+    limit = payload.get("max_completion_tokens")
+    if limit is not None:
+        _number(payload, "max_completion_tokens", None, 1, max_tokens_limit, True)
+        if payload.get("max_tokens") not in (None, limit):
+            raise InvalidRequest(f"max_tokens ({payload['max_tokens']!r}) and "
+                                 f"max_completion_tokens ({limit!r}) differ: give one",
+                                 "max_completion_tokens")
+        payload = {**payload, "max_tokens": limit}
+    return _parse_common(payload, model_name, max_tokens_limit, max_tokens_limit,
+                         prompt=None, messages=messages)
+
+
+def _check_fields(payload, known: set, no_ops: dict) -> None:
+    if not isinstance(payload, dict):
+        raise InvalidRequest("expected a JSON object")
+    unknown = sorted(set(payload) - known)
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {unknown}", unknown[0])
+    for name, accepted in no_ops.items():
+        if accepted is not None and name in payload and payload[name] not in accepted:
+            raise InvalidRequest(f"{name}: not supported by this server (got {payload[name]!r})", name)
+
+
+def _parse_common(payload: dict, model_name: str, max_tokens_limit: int, max_tokens_default: int,
+                  **prompt) -> Completion:
+    """The fields completions and chat completions share."""
     if payload.get("n", 1) != 1:
         raise InvalidRequest(f"n: only 1 is supported, got {payload['n']!r}", "n")
     stream = payload.get("stream", False)
@@ -103,8 +143,8 @@ def parse_completion(payload, model_name: str, max_tokens_limit: int) -> Complet
     if model not in (None, model_name):
         raise InvalidRequest(f"model: this server serves {model_name!r}, got {model!r}", "model")
     return Completion(
-        prompt=prompt,
-        max_tokens=_number(payload, "max_tokens", MAX_TOKENS_DEFAULT, 1, max_tokens_limit, True),
+        **prompt,
+        max_tokens=_number(payload, "max_tokens", max_tokens_default, 1, max_tokens_limit, True),
         temperature=float(_number(payload, "temperature", 1.0, 0, 2)),  # OpenAI's default: 1
         top_p=float(_number(payload, "top_p", 1.0, 1e-9, 1)),
         top_k=_number(payload, "top_k", 0, 0, 1 << 20, True),
@@ -133,6 +173,10 @@ def completion_body(cid: str, model: str, text: str, finish_reason: str | None,
     body = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"text": text, "index": 0, "logprobs": None,
                          "finish_reason": finish_reason}]}
+    return _with_usage(body, record, method)
+
+
+def _with_usage(body: dict, record: RequestRecord | None, method: str) -> dict:
     if record is not None:
         body["usage"] = {"prompt_tokens": record.prompt_tokens,
                          "completion_tokens": record.output_tokens,
@@ -143,6 +187,53 @@ def completion_body(cid: str, model: str, text: str, finish_reason: str | None,
 
 def new_id() -> str:
     return f"cmpl-{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class Responder:
+    """The response bodies of one request: a whole response, stream chunks, the last chunk
+    (which carries the finish reason, usage and autospec's metrics). Text completions keep
+    completion_body's shape; chat ones are chat.completion / chat.completion.chunk."""
+    chat: bool
+    model: str
+    method: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    _role_sent: bool = False  # chat streams name the role in their first delta
+
+    def __post_init__(self):
+        self.id = self.id or (f"chatcmpl-{uuid.uuid4().hex[:24]}" if self.chat else new_id())
+
+    def whole(self, text: str, record: RequestRecord) -> dict:
+        if not self.chat:
+            return completion_body(self.id, self.model, text, record.finish_reason, record,
+                                   self.method)
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": None, "finish_reason": record.finish_reason}
+        return _with_usage(self._body("chat.completion", choice), record, self.method)
+
+    def chunk(self, text: str) -> dict:
+        if not self.chat:
+            return completion_body(self.id, self.model, text, None)
+        return self._body("chat.completion.chunk", self._delta(text, None))
+
+    def last(self, record: RequestRecord) -> dict:
+        if not self.chat:
+            return completion_body(self.id, self.model, "", record.finish_reason, record,
+                                   self.method)
+        return _with_usage(self._body("chat.completion.chunk",
+                                      self._delta(None, record.finish_reason)),
+                           record, self.method)
+
+    def _delta(self, text: str | None, finish_reason: str | None) -> dict:
+        delta = {} if text is None else {"content": text}
+        if not self._role_sent:
+            delta, self._role_sent = {"role": "assistant", **delta}, True
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+    def _body(self, kind: str, choice: dict) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "choices": [choice]}
 
 
 def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:

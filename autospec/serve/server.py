@@ -1,4 +1,6 @@
 """The serving process: aiohttp on the event loop, the engine on one decode thread.
+/v1/completions and /v1/chat/completions share one path (a chat is rendered into prompt ids
+first, on the decode thread; only the response bodies differ).
 
 The engine decodes one request at a time (batch 1, the regime speculative decoding is for);
 requests queue for the decode thread. Everything else happens on the event loop and never
@@ -9,6 +11,7 @@ requests (the controllers are the decode thread's alone, so they need no lock).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -20,6 +23,7 @@ from autospec.controller.adaptive import DEFAULT_DRAFTERS, AdaptiveController, C
 from autospec.daemon.client import DaemonClient
 from autospec.daemon.service import stop_on_signals
 from autospec.engine.loop import Engine, Generation, StaticPolicy
+from autospec.models.chat import ChatError, encode_chat
 from autospec.policy import Parameters
 from autospec.serve import openai
 
@@ -87,6 +91,19 @@ class Server:
             for ctl in self.controllers.values():
                 ctl.warm_start(params["estimates"])  # only where the fleet knows more
 
+    def render(self, req: openai.Completion) -> openai.Completion:
+        """A chat request with its messages rendered into prompt ids (the tokenizer is the
+        decode thread's: a fast tokenizer used from two threads can fail)."""
+        try:
+            ids = encode_chat(self.engine.models, req.messages)
+        except ChatError as exc:
+            raise openai.InvalidRequest(str(exc), exc.param) from None
+        limit = self.engine.models.max_positions
+        if len(ids) >= limit:
+            raise openai.InvalidRequest(f"messages: the rendered chat has {len(ids)} tokens; "
+                                        f"the target's limit is {limit} positions", "messages")
+        return dataclasses.replace(req, prompt=ids)
+
     def generate(self, req: openai.Completion, on_text) -> Generation:
         if req.method == "adaptive":
             policy = self.controller(req.workload)
@@ -110,23 +127,31 @@ class Server:
 
     # -- event loop ------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, openai.parse_completion)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, openai.parse_chat)
+
+    async def _serve(self, request: web.Request, parse) -> web.StreamResponse:
+        """One request, either endpoint: they differ in parsing, the chat's rendering into
+        prompt ids, and the response bodies (openai.Responder); decoding is shared."""
         try:
             payload = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _error(400, "body is not valid JSON")
+        loop = asyncio.get_running_loop()
         try:
-            req = openai.parse_completion(payload, self.model_name, self.max_tokens_limit)
+            req = parse(payload, self.model_name, self.max_tokens_limit)
+            if req.messages is not None:
+                req = await loop.run_in_executor(self.decode, self.render, req)
         except openai.InvalidRequest as exc:
             return _error(400, str(exc), exc.param)
-        loop = asyncio.get_running_loop()
-        cid = openai.new_id()
+        respond = openai.Responder(req.messages is not None, self.model_name, req.method)
         if not req.stream:
             generation = await self._run(loop, req, None)
             if isinstance(generation, web.Response):
                 return generation
-            return web.json_response(openai.completion_body(
-                cid, self.model_name, generation.text, generation.telemetry.finish_reason,
-                generation.telemetry, req.method))
+            return web.json_response(respond.whole(generation.text, generation.telemetry))
         deltas: asyncio.Queue = asyncio.Queue()
         on_text = lambda delta: delta and loop.call_soon_threadsafe(deltas.put_nowait, delta)  # noqa: E731
         task = asyncio.ensure_future(self._run(loop, req, on_text))
@@ -149,16 +174,14 @@ class Server:
             getter = asyncio.ensure_future(deltas.get())
             await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
             if getter.done():
-                await send(openai.completion_body(cid, self.model_name, getter.result(), None))
+                await send(respond.chunk(getter.result()))
             else:
                 getter.cancel()
         generation = task.result()
         if isinstance(generation, web.Response):  # refused before the first token
             await send(json.loads(generation.text))
         else:
-            await send(openai.completion_body(cid, self.model_name, "",
-                                              generation.telemetry.finish_reason,
-                                              generation.telemetry, req.method))
+            await send(respond.last(generation.telemetry))
         await send("[DONE]")
         if not client_gone:
             await response.write_eof()
@@ -208,6 +231,7 @@ class Server:
         app = web.Application(client_max_size=4 * 1024 * 1024)
         app[SERVER] = self
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/healthz", self.healthz)
         return app

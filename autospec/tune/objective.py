@@ -93,7 +93,9 @@ class LiveObjective:
     kind: str = field(default="live", init=False)
 
     def __post_init__(self):
+        from autospec.bench.harness import prompt_ids
         m = self.engine.models
+        self.ids = [prompt_ids(self.engine, p) for p in self.prompts]  # chat rows rendered
         self.available = tuple(d for d in ("ngram", "draft-model", "early-exit")
                                if d != "draft-model" or m.draft is not None)
         self.k_limit = 64
@@ -103,7 +105,7 @@ class LiveObjective:
         # warm-up, as bench does: first calls pay one-off costs (lazy init, allocator, each
         # drafter's set-up) that are not decoding and would be charged to the first trial
         for drafter in (None, *self.available):
-            self.engine.generate(self.prompts[0].prompt, drafter=drafter, k=2 if drafter else 0,
+            self.engine.generate(self.ids[0], drafter=drafter, k=2 if drafter else 0,
                                  max_new_tokens=8)
 
     def run(self, params: Parameters, step_seconds: float = 0.0) -> Iterator[tuple[int, float]]:
@@ -111,9 +113,9 @@ class LiveObjective:
                                self.seed)
         tokens, seconds = 0, 0.0
         for i in range(0, len(self.prompts), self.chunk):
-            for p in self.prompts[i:i + self.chunk]:
+            for p, ids in zip(self.prompts[i:i + self.chunk], self.ids[i:i + self.chunk]):
                 t0 = time.perf_counter()
-                out = self.engine.generate(p.prompt, policy=ctl, workload=p.category,
+                out = self.engine.generate(ids, policy=ctl, workload=p.category,
                                            max_new_tokens=p.max_new_tokens or self.max_new_tokens)
                 seconds += time.perf_counter() - t0 + step_seconds * out.telemetry.steps
                 tokens += len(out.token_ids)

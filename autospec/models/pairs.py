@@ -1,0 +1,87 @@
+"""Model pairs by name: where each named pair's target and draft live, declared once.
+
+    reference   the shipped 11M pair (built on first use if this install lacks it)
+    smollm2     SmolLM2-135M-Instruct, fetched once into the cache by `autospec models fetch
+                smollm2`; its trained draft ships in the package (until it does, the pair is
+                target-only and the draft-model drafter is unavailable)
+
+`--pair NAME` (CLI), `autospec.load(pair=NAME)` and the store's pair key (`ModelPair.key`) all
+read this table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from autospec.paths import REFERENCE_DIR, SMOLLM2_SHIPPED_DIR, smollm2_dir
+
+DEFAULT_PAIR = "reference"
+
+
+@dataclass(frozen=True)
+class NamedPair:
+    name: str
+    summary: str
+    target: Callable[[], Path]  # the target's HF directory (a function: the cache can move)
+    draft: Callable[[], Path]  # the draft's; absent -> the pair is target-only
+    fetch: str | None = None  # the command that puts a missing target in place
+    build_preset: str | None = None  # or: the `autospec models build` preset that makes it
+
+    def locate(self) -> tuple[Path, Path | None]:
+        """(target dir, draft dir or None), building a missing buildable target; a missing
+        fetched target is an error that names the command to run."""
+        target = self.target()
+        if not _is_model_dir(target):
+            if self.fetch:
+                raise _load_error(f"pair '{self.name}' needs its target, which is not in "
+                                  f"{target}: run `{self.fetch}` first")
+            from autospec.models.build import build
+            build(self.build_preset)
+        draft = self.draft()
+        return target, draft if _is_model_dir(draft) else None
+
+
+PAIRS: dict[str, NamedPair] = {p.name: p for p in (
+    NamedPair("reference", "the shipped 11M pair (target + draft)",
+              lambda: REFERENCE_DIR / "target", lambda: REFERENCE_DIR / "draft",
+              build_preset="reference"),
+    NamedPair("smollm2", "SmolLM2-135M-Instruct (chat), fetched into the cache",
+              lambda: smollm2_dir() / "target", lambda: SMOLLM2_SHIPPED_DIR / "draft",
+              fetch="autospec models fetch smollm2"),
+)}
+
+
+def named_pair(name: str) -> NamedPair:
+    if name not in PAIRS:
+        raise _load_error(f"unknown pair '{name}' (known: {', '.join(sorted(PAIRS))})")
+    return PAIRS[name]
+
+
+def load_named_pair(name: str, dtype: str = "float32"):
+    """The ModelPair a name stands for (see the table above)."""
+    from autospec.models.pair import load_pair
+    target, draft = named_pair(name).locate()
+    return load_pair(str(target), str(draft) if draft else None, dtype)
+
+
+def pair_name_for(target: str, draft: str | None) -> str | None:
+    """The name of the pair these model paths are, or None. A named target without a draft
+    is still that pair (target-only): its draft-model estimates are simply never made."""
+    for spec in PAIRS.values():
+        if _same(target, spec.target()) and (draft is None or _same(draft, spec.draft())):
+            return spec.name
+    return None
+
+
+def _same(path: str, expected: Path) -> bool:
+    return Path(path).expanduser().resolve() == expected.expanduser().resolve()
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def _load_error(message: str):
+    from autospec.models.pair import ModelLoadError
+    return ModelLoadError(message)
