@@ -1,4 +1,8 @@
 """Trace record and replay: exact against live runs, and the controller against closed forms."""
+import hashlib
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -110,3 +114,77 @@ def test_learner_round_trips_through_store_estimates():
     assert again.snapshot()["acceptance"] == learner.snapshot()["acceptance"]
     assert again.costs.line() == pytest.approx(learner.costs.line(), rel=1e-6)
     assert np.mean(learner.acceptance["*"]["synthetic"].rates()[:3]) == pytest.approx(0.7, abs=0.1)
+
+
+# -- the decisions on the shipped traces, pinned -----------------------------------------------
+# A refactor must not change one controller decision. Each digest is sha256 over every replayed
+# step's (drafter, k, accepted, emitted), request by request, on configs/traces/*.json.
+SHIPPED_TRACES = sorted((Path(__file__).resolve().parents[1] / "configs" / "traces").glob("*.json"))
+PINNED_METHODS = ("plain", "adaptive", "adaptive:policies/default.yaml",
+                  "adaptive:policies/mixed.yaml", "ctl:hf-heuristic", "ctl:ema",
+                  "ctl:fixed:ngram:3", "static:ngram:4")
+TUNED_VALUES = {"k_min": 2, "k_max": 8, "drafters": ("ngram", "early-exit"),
+                "controller.thompson": False, "controller.hysteresis": 0.1,
+                "controller.ngram_n": (2, 3), "priors.ngram": 0.8}
+
+
+def _decisions_digest(records) -> str:
+    steps = [[r.request_id, [(s.drafter, s.k, s.accepted, s.emitted) for s in r.step_records]]
+             for r in records]
+    return hashlib.sha256(json.dumps(steps).encode()).hexdigest()[:16]
+
+
+def _replay_digests() -> dict[str, str]:
+    from autospec.controller.learned import Learner
+    from autospec.controller.policies import make_policy
+    from autospec.tune.controller import build_controller, parameters_for
+    root = Path(__file__).resolve().parents[1]
+    out = {}
+    for path in SHIPPED_TRACES:
+        trace = Trace.load(path)
+        drafters = tuple(trace.draft_seconds_per_token)
+        for method in PINNED_METHODS:
+            if method.startswith("adaptive:"):
+                method_path = f"adaptive:{root / method.split(':', 1)[1]}"
+            else:
+                method_path = method
+            out[f"{path.name} {method}"] = _decisions_digest(
+                replay(trace, make_policy(method_path, drafters)))
+        tuned = build_controller(parameters_for(TUNED_VALUES), drafters, seed=3)
+        out[f"{path.name} tuned"] = _decisions_digest(replay(trace, tuned))
+        learner = Learner(k_max=trace.k_max)
+        for r in replay(trace, make_policy("adaptive", drafters)):
+            learner.observe(r)
+        warm = make_policy("adaptive", drafters)
+        warm.warm_start(learner.snapshot())
+        out[f"{path.name} warm"] = _decisions_digest(replay(trace, warm))
+    return out
+
+
+PINNED_DIGESTS: dict[str, str] = {
+    'mixed.json plain': '0c697110916a5d3f',
+    'mixed.json adaptive': '623e425d40a0c136',
+    'mixed.json adaptive:policies/default.yaml': '623e425d40a0c136',
+    'mixed.json adaptive:policies/mixed.yaml': 'd3583ba52815f5b9',
+    'mixed.json ctl:hf-heuristic': 'e414612228efcf5e',
+    'mixed.json ctl:ema': '04d70a1ae0ffc7ae',
+    'mixed.json ctl:fixed:ngram:3': '087b2018e4f735a3',
+    'mixed.json static:ngram:4': '720984396261315b',
+    'mixed.json tuned': '4c7344ce141263ef',
+    'mixed.json warm': '7d4a81042b58d00c',
+    'reference.json plain': 'e0807f303b20c56c',
+    'reference.json adaptive': 'a4f3e72b286ec75b',
+    'reference.json adaptive:policies/default.yaml': 'a4f3e72b286ec75b',
+    'reference.json adaptive:policies/mixed.yaml': 'bbdec6938ae55a6d',
+    'reference.json ctl:hf-heuristic': '3b19c4c998ae965e',
+    'reference.json ctl:ema': 'a00ffbfdf8be5746',
+    'reference.json ctl:fixed:ngram:3': '6c61f0b3ffc00233',
+    'reference.json static:ngram:4': '480d67b7c2608bb2',
+    'reference.json tuned': 'db2046573f806a51',
+    'reference.json warm': '03da84ac2b314b01',
+}
+
+
+def test_replay_decisions_on_shipped_traces_are_pinned():
+    assert SHIPPED_TRACES, "configs/traces/*.json not found"
+    assert _replay_digests() == PINNED_DIGESTS
