@@ -46,7 +46,7 @@ def test_default_policy_is_the_code_defaults():
     assert policy.to_settings() == ControllerSettings(
         prior_means={"draft-model": 0.5, "early-exit": 0.5, "ngram": 0.5})  # = the code's 0.5
     assert policy.resolve().k_min == 1
-    assert dict(policy.resolve().priors) == {"draft-model": 0.5, "early-exit": 0.5, "ngram": 0.5}
+    assert dict(policy.resolve().prior_means) == {"draft-model": 0.5, "early-exit": 0.5, "ngram": 0.5}
     assert parse_policy("schema_version: 1").policy_hash == policy.policy_hash  # nothing but defaults
 
 
@@ -54,8 +54,8 @@ def test_workload_overrides_merge_field_by_field(tmp_path):
     policy = load_policy(write(tmp_path, TUNED))
     copy = policy.to_settings("copy-heavy")
     assert (copy.k_max, copy.hysteresis, copy.discount, copy.thompson) == (12, 0.1, 0.9, False)
-    assert policy.resolve("copy-heavy").priors["ngram"] == 0.9
-    assert policy.resolve("copy-heavy").priors["draft-model"] == 0.5  # base's default kept
+    assert policy.resolve("copy-heavy").prior_means["ngram"] == 0.9
+    assert policy.resolve("copy-heavy").prior_means["draft-model"] == 0.5  # base's default kept
     assert policy.to_settings("completion").drafters == ("draft-model",)
     # a workload the file does not list, and no workload, get the base parameters
     assert policy.to_settings("unlisted") == policy.to_settings(None)
@@ -63,7 +63,7 @@ def test_workload_overrides_merge_field_by_field(tmp_path):
     with pytest.raises(dataclasses.FrozenInstanceError):
         policy.parameters.k_max = 3
     with pytest.raises(TypeError):
-        policy.parameters.priors["ngram"] = 0.1
+        policy.parameters.prior_means["ngram"] = 0.1
 
 
 def test_hash_ignores_form_and_provenance_but_not_values():
@@ -163,3 +163,16 @@ def test_provenance_values_yaml_would_misread():
     assert parse_policy(policy.to_yaml()) == policy
     with pytest.raises(PolicyError, match=r"provenance.git_sha: expected a non-empty string \(in quotes"):
         parse_policy("schema_version: 1\nprovenance: {git_sha: 1234567}")
+
+
+def test_readme_knobs_table_is_rendered_from_controller_settings():
+    from autospec.policy import knobs_table
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"<!-- knobs table: begin -->\n{knobs_table()}\n<!-- knobs table: end -->" in readme
+
+
+def test_parameters_round_trip_through_their_dict_form(tmp_path):
+    from autospec.policy import parameters_from_dict, parameters_to_dict
+    policy = load_policy(write(tmp_path, TUNED))
+    for settings in (policy.parameters, *policy.workloads.values()):
+        assert parameters_from_dict(parameters_to_dict(settings)) == settings

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from autospec.cli import main
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.trace import Trace, replay
-from autospec.policy import Parameters, load_policy
+from autospec.policy import load_policy
 from autospec.tune.controller import build_controller, parameters_for
 from autospec.tune.space import SpaceError, load_space, shipped_space
 from autospec.tune.study import make_storage
@@ -61,11 +61,13 @@ def test_shipped_spaces_load_and_discretise():
 @pytest.mark.parametrize("text, message", [
     ("schema_version: 1\ncontroller: {discont: {low: 0.9, high: 0.99}}\n",
      "controller.discont: unknown field (did you mean 'discount'?"),
-    ("schema_version: 1\nk_max: {low: 1, high: 99}\n", "k_max.high: 99 is outside"),
     ("schema_version: 1\ncontroller: {discount: {low: 0.99, high: 0.9}}\n",
      "controller.discount: low 0.99 is above high 0.9"),
-    ("schema_version: 1\ndrafters: {choices: [[ngram, ngarm]]}\n", "drafters.choices[0]: expected a list"),
-    ("schema_version: 2\nk_max: 4\n", "schema_version: expected 1, got 2"),
+    ("schema_version: 1\nk_max: {low: 1, high: 99}\n",
+     "k_max.high: 99 is outside what a policy accepts (an integer in [1, 64])"),
+    ("schema_version: 1\ndrafters: {choices: [[ngram, ngarm]]}\n",
+     "drafters.choices[0][1]: unknown drafter 'ngarm' (known: "),
+    ("schema_version: 2\nk_max: 4\n", "schema_version: expected 1 (the version this autospec reads), got 2"),
     ("schema_version: 1\ntiling: {kernels: [matmul]}\nk_max: 4\n", "unknown kernel 'matmul'"),
 ])
 def test_bad_space_names_file_and_field(tmp_path, text, message):
@@ -80,7 +82,7 @@ def test_bad_space_names_file_and_field(tmp_path, text, message):
 def test_default_parameters_replay_like_the_adaptive_controller():
     trace = Trace.load(TRACE)
     drafters = tuple(trace.draft_seconds_per_token)
-    ours = replay(trace, build_controller(Parameters(k_max=8), drafters))
+    ours = replay(trace, build_controller(ControllerSettings(k_max=8), drafters))
     theirs = replay(trace, AdaptiveController(ControllerSettings(k_max=8), available=drafters))
     assert [s.k for r in ours for s in r.step_records] == [s.k for r in theirs for s in r.step_records]
 
@@ -103,7 +105,7 @@ def test_k_min_and_priors_change_decisions():
     assert floor != ks({})
     assert ks({"priors.ngram": 0.95}) != ks({})
     crossed = parameters_for({"k_min": 6, "k_max": 4, "controller.ngram_n": (3, 2)})
-    assert (crossed.k_min, crossed.k_max, crossed.controller.ngram_n) == (4, 4, (3, 3))
+    assert (crossed.k_min, crossed.k_max, crossed.ngram_n) == (4, 4, (3, 3))
 
 
 def test_pruner_compares_running_values_step_by_step():

@@ -40,7 +40,7 @@ def show(file: Path, as_json: bool) -> None:
     applied, plus the policy hash and provenance."""
     import yaml
 
-    from autospec.policy import PolicyError, load_policy
+    from autospec.policy import PolicyError, load_policy, parameters_to_dict
     try:
         loaded = load_policy(file)
     except PolicyError as exc:
@@ -49,8 +49,8 @@ def show(file: Path, as_json: bool) -> None:
         "file": str(file),
         "policy_hash": loaded.policy_hash,
         "schema_version": loaded.schema_version,
-        "parameters": loaded.parameters.to_dict(),
-        "workloads": {w: p.to_dict() for w, p in sorted(loaded.workloads.items())},
+        "parameters": parameters_to_dict(loaded.parameters),
+        "workloads": {w: parameters_to_dict(p) for w, p in sorted(loaded.workloads.items())},
         "provenance": loaded.provenance.to_dict(),
     }
     if as_json:

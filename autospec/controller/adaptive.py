@@ -22,35 +22,62 @@ No I/O here, ever: the slow path (daemon) hands new settings in from outside.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 import numpy as np
 
 from autospec.controller.decide import PLAIN, decide_step
-from autospec.controller.estimates import AcceptanceEstimate, CostModel
+from autospec.configcheck import knob
+from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
 from autospec.drafters.base import drafter_class
 from autospec.drafters.ngram import NgramIndex
 from autospec.telemetry import StepRecord
 
 DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
+K_LIMIT = 64  # past this a draft costs more to verify than any acceptance rate repays
 MIN_HOT_EVIDENCE = 1.0  # (discounted) drafts after a full accept before that estimate is used
 SWITCH_HORIZON = 8  # rounds over which a drafter's start-up (cache prefill) is spread
 
 
-@dataclass
+@dataclass(frozen=True)
 class ControllerSettings:
-    drafters: tuple[str, ...] = DEFAULT_DRAFTERS
-    k_max: int = 16  # n-gram on repetitive text pays up to ~16 (hf-heuristic caps there too)
-    discount: float = 0.97  # per-request evidence decay per step (~33 steps of memory)
-    prior_strength: float = 4.0  # pseudo-observations a workload prior is worth per position
-    prior_discount: float = 0.995  # slower decay of the pooled per-workload estimates
-    hysteresis: float = 0.05  # keep the current choice unless the best is 5 % better
-    thompson: bool = True
-    counterfactual: bool = True
-    ngram_n: tuple[int, int] = (1, 4)
-    seed: int = 0
-    k_min: int = 1  # a floor on K whenever a drafter runs (K = 0, plain, stays legal)
-    regimes: bool = True  # separate estimates after a fully accepted draft (see _RequestState)
-    prior_means: dict = field(default_factory=dict)  # drafter -> acceptance mean before evidence
+    """Every knob of the controller, declared once: type, range, default, whether a policy
+    file may set it (and `tune` search it) and what it means, in each field's `Knob`. The
+    policy file's schema, the search space's kinds and bounds and README's table are derived
+    from these fields (policy.py, tune/space.py); a new knob is one field here."""
+    drafters: tuple[str, ...] = knob(
+        DEFAULT_DRAFTERS, "drafters the controller may pick (plain decoding is always an option)",
+        "drafters", section="")
+    k_min: int = knob(1, "smallest K whenever a drafter runs (K = 0, plain, stays legal)",
+                      "int", low=1, high=K_LIMIT, section="")
+    # n-gram on repetitive text pays up to ~16 (hf-heuristic caps there too)
+    k_max: int = knob(16, "largest K (draft length) the controller considers", "int",
+                      low=1, high=K_LIMIT, section="")
+    # ~33 steps of memory
+    discount: float = knob(0.97, "per-request evidence decay per step", "float",
+                           low=0, high=1, low_open=True)
+    prior_strength: float = knob(
+        4.0, "pseudo-observations a workload's pooled estimate is worth per position", "float",
+        low=0)
+    prior_discount: float = knob(0.995, "decay per step of the pooled per-workload estimates",
+                                 "float", low=0, high=1, low_open=True)
+    # a switch re-prefills a cache, and near-equal options must not thrash
+    hysteresis: float = knob(0.05, "keep the current drafter unless the best is this fraction "
+                                   "faster", "float", low=0, high=1)
+    thompson: bool = knob(True, "Thompson sampling on the drafter choice (else posterior means)",
+                          "bool")
+    counterfactual: bool = knob(True, "score what n-gram would have proposed when another "
+                                      "drafter ran", "bool")
+    ngram_n: tuple[int, int] = knob((1, 4), "n-gram lengths prompt lookup matches, [n_min, n_max]",
+                                    "int-range")
+    seed: int = knob(0, "Thompson sampling's random seed", "int", low=0, tunable=False)
+    regimes: bool = knob(True, "keep separate estimates for the steps right after a fully "
+                               "accepted draft (acceptance is bursty)", "bool", tunable=False)
+    # 0 and 1 would be certainties: a Beta prior with that mean cannot be moved by evidence
+    prior_means: Mapping[str, float] = knob(
+        dict, f"acceptance mean per drafter before any evidence (unset: {DEFAULT_PRIOR_MEAN})",
+        "float", low=0, high=1, low_open=True, high_open=True, section="priors")
 
     def __post_init__(self):
         if self.k_max < 1:
@@ -59,6 +86,10 @@ class ControllerSettings:
             raise ValueError(f"k_min must be in [1, k_max = {self.k_max}], got {self.k_min}")
         for name in self.drafters:
             drafter_class(name)  # unknown names fail here, with the list of known ones
+        # frozen all the way down: a resolved policy's parameters cannot be edited in place
+        object.__setattr__(self, "drafters", tuple(self.drafters))
+        object.__setattr__(self, "ngram_n", tuple(self.ngram_n))
+        object.__setattr__(self, "prior_means", MappingProxyType(dict(self.prior_means)))
 
 
 @dataclass
@@ -101,7 +132,7 @@ class AdaptiveController:
         key = workload or "*"
         if key not in self.priors:
             s = self.settings
-            self.priors[key] = {d: AcceptanceEstimate(s.k_max, s.prior_means.get(d, 0.5), 2.0,
+            self.priors[key] = {d: AcceptanceEstimate(s.k_max, s.prior_means.get(d, DEFAULT_PRIOR_MEAN), 2.0,
                                                       s.prior_discount)
                                 for d in self.drafters}
         prior = self.priors[key]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+DEFAULT_PRIOR_MEAN = 0.5  # acceptance before any evidence: no opinion either way
+
 
 class AcceptanceEstimate:
     """P(accept position j | accepted 0..j-1), j = 0..k_max-1, as a Beta per position.
@@ -23,7 +25,7 @@ class AcceptanceEstimate:
     (a workload's pooled estimate) is worth only `prior_strength` observations in all.
     """
 
-    def __init__(self, k_max: int, prior_mean=0.5, prior_strength: float = 2.0,
+    def __init__(self, k_max: int, prior_mean=DEFAULT_PRIOR_MEAN, prior_strength: float = 2.0,
                  discount: float = 0.98, pool_strength: float = 8.0):
         self.k_max = k_max
         self.prior_mean = np.broadcast_to(np.asarray(prior_mean, float), (k_max,)).copy()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autospec.controller.estimates import AcceptanceEstimate, CostModel
+from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
 from autospec.store.queries import Estimate
 from autospec.store.schema import ALL_WORKLOADS
 from autospec.telemetry import RequestRecord
@@ -32,7 +32,7 @@ class Learner:
     def _estimate(self, workload: str, drafter: str) -> AcceptanceEstimate:
         per_drafter = self.acceptance.setdefault(workload, {})
         if drafter not in per_drafter:
-            per_drafter[drafter] = AcceptanceEstimate(self.k_max, 0.5, 2.0, self.discount)
+            per_drafter[drafter] = AcceptanceEstimate(self.k_max, DEFAULT_PRIOR_MEAN, 2.0, self.discount)
         return per_drafter[drafter]
 
     def observe(self, record: RequestRecord) -> None:

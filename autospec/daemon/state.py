@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autospec.controller.learned import Learner
-from autospec.policy import Policy, PolicyError, load_policy, parse_policy
+from autospec.policy import Policy, PolicyError, load_policy, parameters_to_dict, parse_policy
 from autospec.store import Store
 from autospec.telemetry import RequestRecord
 
@@ -162,8 +162,8 @@ class DaemonState:
                            "schema_version": policy.schema_version,
                            "provenance": policy.provenance.to_dict()},
                 "workload": workload,
-                "parameters": policy.resolve(workload).to_dict(),
-                "workloads": {w: p.to_dict() for w, p in policy.workloads.items()},
+                "parameters": parameters_to_dict(policy.resolve(workload)),
+                "workloads": {w: parameters_to_dict(p) for w, p in policy.workloads.items()},
                 "estimates": snapshot}
 
     def health(self) -> dict:

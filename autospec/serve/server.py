@@ -24,7 +24,7 @@ from autospec.daemon.client import DaemonClient
 from autospec.daemon.service import stop_on_signals
 from autospec.engine.loop import Engine, Generation, StaticPolicy
 from autospec.models.chat import ChatError, encode_chat
-from autospec.policy import Parameters
+from autospec.policy import parameters_from_dict
 from autospec.serve import openai
 
 log = logging.getLogger("autospec.serve")
@@ -36,7 +36,7 @@ def settings_for(params: dict | None, workload: str | None) -> ControllerSetting
     if params is None:
         return ControllerSettings()
     resolved = (params["workloads"].get(workload) if workload else None) or params["parameters"]
-    return Parameters.from_dict(resolved).to_settings()
+    return parameters_from_dict(resolved)
 
 
 class TextStream:

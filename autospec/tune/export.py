@@ -6,9 +6,10 @@ from pathlib import Path
 
 import optuna
 
-from autospec.policy import Parameters, Provenance, load_policy, parse_policy
+from autospec.controller.adaptive import ControllerSettings
+from autospec.policy import Provenance, load_policy, parse_policy
 from autospec.tune.controller import parameters_for, policy_for
-from autospec.tune.space import tidy
+from autospec.tune.space import decode_value
 from autospec.tune.study import best_trials, now
 
 
@@ -16,18 +17,13 @@ def trial_values(trial: optuna.trial.FrozenTrial) -> dict:
     """The trial's policy fields, decoded (lists travel as 'a,b' strings in Optuna)."""
     values = dict(trial.user_attrs.get("fixed", {}))
     for name, value in trial.params.items():
-        if name.startswith("tiling."):
-            continue
-        if name == "drafters":
-            value = tuple(v for v in str(value).split(",") if v)
-        elif name == "controller.ngram_n":
-            value = tuple(int(v) for v in str(value).split(","))
-        values[name] = tidy(value)
+        if not name.startswith("tiling."):
+            values[name] = decode_value(name, value)
     return values
 
 
 def policy_text(study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                base: Parameters = Parameters()) -> str:
+                base: ControllerSettings = ControllerSettings()) -> str:
     attrs = trial.user_attrs
     provenance = Provenance(study=study.study_name, trial=trial.number,
                             objective_value=round(float(trial.value), 3),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from autospec.controller.trace import Trace, replay
-from autospec.policy import Parameters
+from autospec.controller.adaptive import ControllerSettings
 from autospec.tune.controller import build_controller
 
 
@@ -66,7 +66,7 @@ class ReplayObjective:
     def workload_hash(self) -> str:
         return hashlib.sha256(",".join(sorted(self.hashes.values())).encode()).hexdigest()[:16]
 
-    def run(self, params: Parameters, step_seconds: float = 0.0) -> Iterator[tuple[int, float]]:
+    def run(self, params: ControllerSettings, step_seconds: float = 0.0) -> Iterator[tuple[int, float]]:
         """Running (tokens, seconds) after each chunk of requests, over every trace in turn.
         One controller for all of them, as one engine would serve them."""
         missing = [d for d in params.drafters if d not in self.available]
@@ -108,7 +108,7 @@ class LiveObjective:
             self.engine.generate(self.ids[0], drafter=drafter, k=2 if drafter else 0,
                                  max_new_tokens=8)
 
-    def run(self, params: Parameters, step_seconds: float = 0.0) -> Iterator[tuple[int, float]]:
+    def run(self, params: ControllerSettings, step_seconds: float = 0.0) -> Iterator[tuple[int, float]]:
         ctl = build_controller(params, tuple(d for d in params.drafters if d in self.available),
                                self.seed)
         tokens, seconds = 0, 0.0

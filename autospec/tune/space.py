@@ -18,35 +18,38 @@ grid (`tune --grid`) and a discretised search (`--discrete`) use; without it a r
 contributes `low`, the middle and `high` (geometric middle when `log`), an int range each
 integer when there are at most 8. Trial parameter names are the policy's field paths
 (`controller.discount`, `priors.ngram`), so a trial exports to a policy field by field.
+The fields a space may name, their kinds and bounds are the policy's (ControllerSettings'
+tunable knobs), and each value is checked by the policy validator's own check.
 """
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from autospec import configcheck as cc
+from autospec.configcheck import ConfigError, Knob
 from autospec.drafters.base import known_drafters
-from autospec.policy import K_LIMIT
+from autospec.policy import policy_knobs, policy_path
 
 SCHEMA_VERSION = 1
-FIELDS = {"drafters": "list", "k_min": "int", "k_max": "int"}
-CONTROLLER_FIELDS = {"discount": "float", "prior_strength": "float", "prior_discount": "float",
-                     "hysteresis": "float", "thompson": "bool", "counterfactual": "bool",
-                     "ngram_n": "list"}
-# the policy validator's bounds, so a searched value can never make an invalid policy
-BOUNDS = {"k_min": (1, K_LIMIT), "k_max": (1, K_LIMIT), "controller.discount": (1e-9, 1.0),
-          "controller.prior_strength": (0.0, math.inf), "controller.prior_discount": (1e-9, 1.0),
-          "controller.hysteresis": (0.0, 1.0), "priors": (1e-9, 1 - 1e-9)}
+SpaceError = ConfigError  # one error type for every config file (autospec.configcheck)
 _KEYS = {"low", "high", "log", "step", "grid", "choices"}
-_TOP = ("schema_version", "drafters", "k_min", "k_max", "controller", "priors", "tiling")
+# Optuna's kinds: lists travel as "a,b" strings (categorical choices must be scalars)
+_OPTUNA_KIND = {"int": "int", "float": "float", "bool": "bool", "drafters": "list",
+                "int-range": "list"}
 
 
-class SpaceError(ValueError):
-    """A search space that cannot be used; one line: `FILE: FIELD: problem`."""
+def searchable() -> dict[str, Knob]:
+    """{field path: Knob} for every policy field a space may name: `k_max`,
+    `controller.discount`, `priors` (as `priors.DRAFTER`). Derived from ControllerSettings."""
+    return {policy_path(name, knob): knob for name, knob in policy_knobs().items()}
+
+
+def knob_at(name: str) -> Knob:
+    """The Knob behind a trial parameter name (`priors.ngram` -> the priors knob)."""
+    return searchable()["priors" if name.startswith("priors.") else name]
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,16 @@ def encode(kind: str, value: Any) -> Any:
     return ",".join(map(str, value)) if kind == "list" else value
 
 
+def decode_value(name: str, value: Any) -> Any:
+    """A trial's value for field `name` back to the policy's type ("1,4" -> (1, 4))."""
+    kind = knob_at(name).kind
+    if kind == "drafters":
+        return tuple(v for v in str(value).split(",") if v)
+    if kind == "int-range":
+        return tuple(int(v) for v in str(value).split(",") if v)
+    return tidy(value)
+
+
 def tidy(value: Any) -> Any:
     """A float to 12 significant digits: 0.8320000000000001 (a stepped suggestion's rounding
     noise) reads back as 0.832, in the trial and in the exported file alike."""
@@ -132,10 +145,7 @@ def tidy(value: Any) -> Any:
 
 
 def decode(param: Param, value: Any) -> Any:
-    if param.kind != "list":
-        return tidy(value)
-    parts = [v for v in str(value).split(",") if v]
-    return tuple(int(v) for v in parts) if param.name == "controller.ngram_n" else tuple(parts)
+    return decode_value(param.name, value)
 
 
 def _clamp(p: Param, k_limit: int) -> Param:
@@ -151,142 +161,104 @@ def _clamp_grid(grid, k_limit):
 
 
 # -- loading ---------------------------------------------------------------------------------
-class _Invalid(Exception):
-    def __init__(self, where: str, problem: str):
-        super().__init__(f"{where}: {problem}")
-
-
 def load_space(path: str | Path) -> SearchSpace:
-    """Read and check a space file; SpaceError naming the file and the field on any problem."""
+    """Read and check a space file; ConfigError naming the file and the field on any problem."""
+    text = cc.read_text(path)
     try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise SpaceError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise SpaceError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    try:
-        return _space(raw, str(path))
-    except _Invalid as exc:
-        raise SpaceError(f"{path}: {exc}") from None
-
-
-def _known(where: str, raw: Any, accepted) -> dict:
-    if not isinstance(raw, dict):
-        raise _Invalid(where or "top level", f"expected a mapping, got {raw!r}")
-    for key in raw:
-        if key not in accepted:
-            close = difflib.get_close_matches(str(key), list(accepted), n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            at = f"{where}.{key}" if where else str(key)
-            raise _Invalid(at, f"unknown field ({hint}accepted: {', '.join(sorted(accepted))})")
-    return raw
+        return _space(cc.parse_yaml(text, str(path)), str(path))
+    except ConfigError as exc:
+        raise (exc if exc.file else exc.in_file(path)) from None
 
 
 def _space(raw: Any, path: str) -> SearchSpace:
-    raw = _known("", raw, _TOP)
-    if raw.get("schema_version") != SCHEMA_VERSION:
-        raise _Invalid("schema_version", f"expected {SCHEMA_VERSION}, got {raw.get('schema_version')!r}")
-    params = [_param(name, kind, raw[name]) for name, kind in FIELDS.items() if name in raw]
-    controller = _known("controller", raw.get("controller") or {}, CONTROLLER_FIELDS)
-    params += [_param(f"controller.{n}", CONTROLLER_FIELDS[n], v) for n, v in controller.items()]
-    priors = raw.get("priors") or {}
-    _known("priors", priors, known_drafters())
-    params += [_param(f"priors.{d}", "float", v) for d, v in priors.items()]
-    tiling = _known("tiling", raw.get("tiling") or {}, ("kernels",))
+    fields = searchable()
+    top = [n for n, k in fields.items() if k.section == ""]
+    raw = cc.mapping("", raw, ("schema_version", *top, "controller", "priors", "tiling"))
+    cc.schema_version(raw, SCHEMA_VERSION)
+    params = [_param(name, fields[name], raw[name]) for name in top if name in raw]
+    controller = cc.mapping("controller", raw.get("controller") or {},
+                            [n.split(".", 1)[1] for n in fields if n.startswith("controller.")])
+    params += [_param(f"controller.{n}", fields[f"controller.{n}"], v) for n, v in controller.items()]
+    priors = cc.mapping("priors", raw.get("priors") or {}, known_drafters())
+    params += [_param(f"priors.{d}", fields["priors"], v) for d, v in priors.items()]
+    tiling = cc.mapping("tiling", raw.get("tiling") or {}, ("kernels",))
     kernels = tuple(tiling.get("kernels") or ())
     from autospec.kernels import TILING_SPACES  # noqa: PLC0415 (imports triton: only when loading)
     for i, name in enumerate(kernels):
         if name not in TILING_SPACES:
-            raise _Invalid(f"tiling.kernels[{i}]",
-                           f"unknown kernel {name!r} (known: {', '.join(TILING_SPACES)})")
+            raise ConfigError(f"tiling.kernels[{i}]",
+                              f"unknown kernel {name!r} (known: {', '.join(TILING_SPACES)})")
     if not params:
-        raise _Invalid("top level", "no field to search (expected any of drafters, k_min, k_max, "
-                                    "controller, priors)")
+        raise ConfigError("top level", f"no field to search (expected any of "
+                                       f"{', '.join(top)}, controller, priors)")
     return SearchSpace(tuple(params), kernels, path)
 
 
-def _param(name: str, kind: str, raw: Any) -> Param:
+def _param(name: str, knob: Knob, raw: Any) -> Param:
+    kind = _OPTUNA_KIND[knob.kind]
     if not isinstance(raw, dict):  # a plain value: fixed
-        return Param(name, kind, choices=(_value(name, name, kind, raw),))
-    raw = _known(name, raw, _KEYS)
+        return Param(name, kind, choices=(_value(name, knob, raw),))
+    raw = cc.mapping(name, raw, _KEYS)
     if "choices" in raw:
         if {"low", "high", "log", "step"} & set(raw):
-            raise _Invalid(name, "give either choices or low/high, not both")
+            raise ConfigError(name, "give either choices or low/high, not both")
         choices = raw["choices"]
         if not isinstance(choices, list) or not choices:
-            raise _Invalid(f"{name}.choices", f"expected a non-empty list, got {choices!r}")
-        values = tuple(_value(f"{name}.choices[{i}]", name, kind, v) for i, v in enumerate(choices))
-        grid = _grid(name, kind, raw, values)
+            raise cc.expected(f"{name}.choices", "a non-empty list", choices)
+        values = tuple(_value(f"{name}.choices[{i}]", knob, v) for i, v in enumerate(choices))
+        grid = _grid(name, knob, raw, values)
         return Param(name, kind, choices=values, grid=grid)
     if kind not in ("int", "float"):
-        raise _Invalid(name, f"expected choices: [...] (a {kind} field has no range)")
+        raise ConfigError(name, f"expected choices: [...] (a {kind} field has no range)")
     for key in ("low", "high"):
         if key not in raw:
-            raise _Invalid(f"{name}.{key}", "missing; a range needs low and high")
-        _value(f"{name}.{key}", name, kind, raw[key])
+            raise ConfigError(f"{name}.{key}", "missing; a range needs low and high")
+        _value(f"{name}.{key}", knob, raw[key])
     low, high = raw["low"], raw["high"]
     if low > high:
-        raise _Invalid(name, f"low {low} is above high {high}")
+        raise ConfigError(name, f"low {low} is above high {high}")
     log = raw.get("log", False)
     if not isinstance(log, bool) or (log and low <= 0):
-        raise _Invalid(f"{name}.log", "expected true or false (log needs low > 0)")
+        raise ConfigError(f"{name}.log", "expected true or false (log needs low > 0)")
     step = raw.get("step")
     if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0):
-        raise _Invalid(f"{name}.step", f"expected a positive number, got {step!r}")
+        raise cc.expected(f"{name}.step", "a positive number", step)
     if step is not None and log:
-        raise _Invalid(name, "give log or step, not both (Optuna samples one or the other)")
+        raise ConfigError(name, "give log or step, not both (Optuna samples one or the other)")
     param = Param(name, kind, low, high, log, step)
-    grid = _grid(name, kind, raw, None)
+    grid = _grid(name, knob, raw, None)
     for v in grid or ():
         if not low <= v <= high:
-            raise _Invalid(f"{name}.grid", f"value {v} is outside [{low}, {high}]")
+            raise ConfigError(f"{name}.grid", f"value {v} is outside [{low}, {high}]")
     return replace(param, grid=grid)
 
 
-def _grid(name, kind, raw, choices):
+def _grid(name: str, knob: Knob, raw: dict, choices):
     if "grid" not in raw:
         return None
     grid = raw["grid"]
     if not isinstance(grid, list) or not grid:
-        raise _Invalid(f"{name}.grid", f"expected a non-empty list, got {grid!r}")
-    values = tuple(_value(f"{name}.grid[{i}]", name, kind, v) for i, v in enumerate(grid))
+        raise cc.expected(f"{name}.grid", "a non-empty list", grid)
+    values = tuple(_value(f"{name}.grid[{i}]", knob, v) for i, v in enumerate(grid))
     if choices is not None and not set(values) <= set(choices):
-        raise _Invalid(f"{name}.grid", "every grid value must be one of the choices")
+        raise ConfigError(f"{name}.grid", "every grid value must be one of the choices")
     return values
 
 
-def _value(where: str, field_name: str, kind: str, value: Any):
-    """Check one value against the field's type and the policy validator's bounds; encode."""
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise _Invalid(where, f"expected true or false, got {value!r}")
-        return value
-    if kind == "list":
-        return encode(kind, _list(where, field_name, value))
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _Invalid(where, f"expected a number, got {value!r}")
-    if kind == "int" and not isinstance(value, int):
-        raise _Invalid(where, f"expected an integer, got {value!r}")
-    lo, hi = BOUNDS.get(field_name, BOUNDS["priors"] if field_name.startswith("priors.") else
-                        (-math.inf, math.inf))
-    if not lo <= value <= hi:
-        raise _Invalid(where, f"{value!r} is outside what a policy accepts ([{lo:g}, {hi:g}])")
-    return float(value) if kind == "float" else value
-
-
-def _list(where: str, field_name: str, value: Any) -> list:
-    if field_name == "drafters":
-        known = known_drafters()
-        if not isinstance(value, list) or any(v not in known for v in value) \
-                or len(set(value)) != len(value):
-            raise _Invalid(where, f"expected a list of distinct drafters from "
-                                  f"{', '.join(known)}, got {value!r}")
-        return value
-    if (not isinstance(value, list) or len(value) != 2
-            or any(isinstance(n, bool) or not isinstance(n, int) for n in value)
-            or not 1 <= value[0] <= value[1]):
-        raise _Invalid(where, f"expected [n_min, n_max] with 1 <= n_min <= n_max, got {value!r}")
-    return value
+def _value(where: str, knob: Knob, value: Any):
+    """Check one value with the policy validator's own check (so a searched value can never
+    make an invalid policy); encode it for Optuna."""
+    try:
+        checked = knob.check(where, value)
+    except ConfigError:
+        number = isinstance(value, int if knob.kind == "int" else (int, float))
+        if knob.kind in ("int", "float") and number and not isinstance(value, bool):
+            raise ConfigError(where, f"{value!r} is outside what a policy accepts "
+                                     f"({knob.accepted})") from None
+        raise
+    if knob.kind in ("drafters", "int-range"):
+        return encode("list", list(checked))
+    return checked
 
 
 def shipped_space(name: str = "default") -> Path:
