@@ -78,6 +78,25 @@ def test_bad_space_names_file_and_field(tmp_path, text, message):
     assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
 
 
+def test_a_tunable_knob_reaches_policy_files_and_search_spaces(tmp_path):
+    """One field in ControllerSettings is the whole declaration: the hot/cold regime switch
+    (`regimes`) became tunable by its Knob alone, and both formats accept it."""
+    from autospec.policy import parse_policy
+    from autospec.tune.space import searchable
+    assert "controller.regimes" in searchable()
+    policy = parse_policy("schema_version: 1\ncontroller: {regimes: false}\n")
+    assert policy.to_settings().regimes is False
+    assert "regimes: false" in policy.to_yaml()
+    path = tmp_path / "space.yaml"
+    path.write_text("schema_version: 1\ncontroller: {regimes: {choices: [true, false]}}\n")
+    (param,) = load_space(path).params
+    assert (param.name, param.kind, param.choices) == ("controller.regimes", "bool", (True, False))
+    assert parameters_for({"controller.regimes": False}).regimes is False
+    path.write_text("schema_version: 1\ncontroller: {regimes: {choices: [1]}}\n")
+    with pytest.raises(SpaceError, match=r"controller.regimes.choices\[0\]: expected true or false"):
+        load_space(path)
+
+
 # -- the controller a trial describes --------------------------------------------------------
 def test_default_parameters_replay_like_the_adaptive_controller():
     trace = Trace.load(TRACE)

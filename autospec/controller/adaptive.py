@@ -73,7 +73,7 @@ class ControllerSettings:
                                     "int-range")
     seed: int = knob(0, "Thompson sampling's random seed", "int", low=0, tunable=False)
     regimes: bool = knob(True, "keep separate estimates for the steps right after a fully "
-                               "accepted draft (acceptance is bursty)", "bool", tunable=False)
+                               "accepted draft (acceptance is bursty)", "bool")
     # 0 and 1 would be certainties: a Beta prior with that mean cannot be moved by evidence
     prior_means: Mapping[str, float] = knob(
         dict, f"acceptance mean per drafter before any evidence (unset: {DEFAULT_PRIOR_MEAN})",
