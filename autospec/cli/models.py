@@ -13,18 +13,34 @@ def models() -> None:
 
 @models.command()
 @click.option("--preset", default="reference", show_default=True,
-              type=click.Choice(["tiny", "reference"]), help="Model-pair recipe.")
+              type=click.Choice(["tiny", "reference", "smollm2-draft"]),
+              help="Model-pair recipe; smollm2-draft distils a draft for the fetched SmolLM2.")
 @click.option("--corpus", "corpus_dir", type=click.Path(path_type=Path),
               help="Directory of .py files (default: this Python's standard library).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path),
               help="Output directory (default: the package's reference/ for 'reference', "
                    "the cache for others).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def build(preset: str, corpus_dir: Path | None, out_dir: Path | None, quiet: bool) -> None:
-    """Train tokenizer, target (with early-exit loss) and draft; write them in HF format."""
-    from autospec.models.build import build as run_build
+@click.option("--stage", default="all", show_default=True,
+              type=click.Choice(["answers", "train", "all"]),
+              help="smollm2-draft only: the target's answers, the training, or both.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads (default: all; 1 leaves a core to other work).")
+def build(preset: str, corpus_dir: Path | None, out_dir: Path | None, quiet: bool,
+          stage: str, threads: int | None) -> None:
+    """Train tokenizer, target (with early-exit loss) and draft; write them in HF format.
+
+    smollm2-draft: the fetched SmolLM2 target answers chat prompts from the standard library's
+    training split, and a small draft learns its answers (resumable; see autospec/training).
+    """
+    log = lambda m: click.echo(m, err=True)  # noqa: E731
     try:
-        run_build(preset, corpus_dir, out_dir, quiet=quiet, log=lambda m: click.echo(m, err=True))
+        if preset == "smollm2-draft":
+            from autospec.training.distill import build as run_distill
+            run_distill(out_dir, quiet=quiet, log=log, stage=stage, threads=threads)
+            return
+        from autospec.models.build import build as run_build
+        run_build(preset, corpus_dir, out_dir, quiet=quiet, log=log)
     except (FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 

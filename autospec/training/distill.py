@@ -1,0 +1,328 @@
+"""`autospec models build --preset smollm2-draft`: a small draft for SmolLM2, self-distilled.
+
+The recipe (Medusa-2 / EAGLE's data recipe, on a CPU budget):
+1. prompts: chat prompts made from the standard library's TRAINING split with the same makers
+   as the shipped chat workload (`chat_prompts`), so the workload's held-out files never leak;
+2. answers: the target answers them greedily (batched, left-padded) and keeps its top-k
+   probabilities at every answer position — soft targets at no extra target cost;
+3. the draft: a 3-layer Llama of width 256 sharing nothing at run time, its tied embedding
+   initialised from the target's by PCA (576 -> 256 dims), so token identities start right;
+4. training: CE on the target's greedy token plus KL to its top-k distribution on answer
+   positions, CE on a sample of prompt positions (the draft must also read the prompt it may
+   have to copy). The head is applied only at those positions: it is most of the cost.
+
+Every stage is resumable: answers are written in shards, training checkpoints every 50 steps.
+Everything intermediate lives in `cache_dir()/build/smollm2-draft/`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from autospec.paths import SMOLLM2_SHIPPED_DIR, cache_dir, smollm2_dir
+
+
+@dataclass(frozen=True)
+class DistillRecipe:
+    prompts_per_category: int = 300
+    prompt_seed: int = 1
+    max_prompt_tokens: int = 768  # longer prompts are skipped (the answers must fit the budget)
+    max_new_tokens: int = 128
+    gen_batch: int = 16
+    top_k: int = 8  # target probabilities kept per answer position
+    # the draft
+    layers: int = 3
+    hidden: int = 256
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 768
+    # training
+    steps: int = 1200
+    batch: int = 8
+    lr: float = 2e-3
+    warmup: int = 50
+    soft_weight: float = 0.5  # answer positions: (1 - w) CE(greedy token) + w KL(top-k)
+    prompt_positions: int = 96  # prompt positions per row with a CE term (language modelling)
+    prompt_weight: float = 0.3
+    seed: int = 0
+
+
+RECIPE = DistillRecipe()
+CHECKPOINT_EVERY = 50
+
+
+def work_dir() -> Path:
+    return cache_dir() / "build" / "smollm2-draft"
+
+
+def load_target():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = smollm2_dir() / "target"
+    if not (path / "config.json").exists():
+        raise FileNotFoundError("the SmolLM2 target is not fetched: run `autospec models fetch smollm2`")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), tokenizer
+
+
+# -- 1. prompts -----------------------------------------------------------------------------
+def training_prompts(tokenizer, recipe: DistillRecipe) -> list[list[int]]:
+    """Rendered, tokenised chat prompts from the training split, shortest first."""
+    from autospec.bench.chat_workloads import chat_prompts
+    from autospec.models.corpus import default_corpus_dir, iter_sources, split
+    train, _ = split(iter_sources(default_corpus_dir()))
+    rows = chat_prompts(train, recipe.prompts_per_category, recipe.prompt_seed)
+    encoded = []
+    for row in rows:
+        text = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True,
+                                             tokenize=False)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) <= recipe.max_prompt_tokens:
+            encoded.append(ids)
+    return sorted(encoded, key=len)  # batches of similar length: little padding
+
+
+# -- 2. the target's answers ----------------------------------------------------------------
+@torch.inference_mode()
+def generate_answers(target, tokenizer, prompts: list[list[int]], recipe: DistillRecipe,
+                     out: Path, quiet: bool = False, deadline: float | None = None) -> None:
+    """Shard i = prompts[i*B:(i+1)*B] answered greedily; existing shards are skipped."""
+    out.mkdir(parents=True, exist_ok=True)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else target.config.eos_token_id
+    eos = target.config.eos_token_id
+    n_shards = math.ceil(len(prompts) / recipe.gen_batch)
+    bar = tqdm(total=n_shards, desc="target answers", disable=quiet, unit="shard", dynamic_ncols=True)
+    for shard in range(n_shards):
+        path = out / f"shard-{shard:05d}.pt"
+        bar.update(1)
+        if path.exists():
+            continue
+        if deadline and time.time() > deadline:
+            break
+        batch = prompts[shard * recipe.gen_batch:(shard + 1) * recipe.gen_batch]
+        width = max(map(len, batch))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        result = target.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                 max_new_tokens=recipe.max_new_tokens, pad_token_id=pad,
+                                 return_dict_in_generate=True, output_logits=True)
+        answers = result.sequences[:, width:]
+        logits = torch.stack(result.logits, 1).float()  # (B, steps, V)
+        top = torch.topk(torch.softmax(logits, -1), recipe.top_k, -1)
+        rows = []
+        for i, prompt in enumerate(batch):
+            answer = answers[i].tolist()
+            n = next((j + 1 for j, t in enumerate(answer) if t == eos), len(answer))
+            rows.append({"prompt": prompt, "answer": answer[:n],
+                         "top_ids": top.indices[i, :n].to(torch.int32),
+                         "top_probs": top.values[i, :n].to(torch.float16)})
+        tmp = path.with_suffix(".tmp")
+        torch.save(rows, tmp)
+        os.replace(tmp, path)
+    bar.close()
+
+
+def load_answers(out: Path) -> list[dict]:
+    return [row for path in sorted(out.glob("shard-*.pt")) for row in torch.load(path)]
+
+
+# -- 3. the draft ---------------------------------------------------------------------------
+def make_draft(target, recipe: DistillRecipe):
+    """A small Llama whose tied embedding is the target's, projected on its top principal
+    directions (so similar tokens start similar, and the head starts as a sensible bigram-free
+    token scorer)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    tc = target.config
+    config = LlamaConfig(
+        vocab_size=tc.vocab_size, hidden_size=recipe.hidden, intermediate_size=recipe.ffn,
+        num_hidden_layers=recipe.layers, num_attention_heads=recipe.heads,
+        num_key_value_heads=recipe.kv_heads, max_position_embeddings=tc.max_position_embeddings,
+        rope_parameters=getattr(tc, "rope_parameters", None), rms_norm_eps=tc.rms_norm_eps,
+        tie_word_embeddings=True, bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id,
+        pad_token_id=tc.pad_token_id)
+    torch.manual_seed(recipe.seed)
+    draft = LlamaForCausalLM(config)
+    with torch.no_grad():
+        emb = target.get_input_embeddings().weight.float()
+        centred = emb - emb.mean(0)
+        _, _, v = torch.linalg.svd(centred[::4], full_matrices=False)  # a subsample is plenty
+        projected = emb @ v[:recipe.hidden].T
+        projected *= 0.02 * math.sqrt(recipe.hidden) / projected.norm(dim=1).mean()
+        draft.get_input_embeddings().weight.copy_(projected)
+    return draft
+
+
+# -- 4. training ----------------------------------------------------------------------------
+def make_batch(rows: list[dict], recipe: DistillRecipe, rng: np.random.Generator) -> dict:
+    """Right-padded (B, T) ids, and the positions that carry each loss term."""
+    seqs = [r["prompt"] + r["answer"] for r in rows]
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    answer_pos, answer_row, soft_ids, soft_probs, prompt_pos, prompt_row = [], [], [], [], [], []
+    for i, (row, seq) in enumerate(zip(rows, seqs)):
+        ids[i, :len(seq)] = torch.tensor(seq)
+        mask[i, :len(seq)] = 1
+        p, n = len(row["prompt"]), len(row["answer"])
+        # the logits at position t predict token t + 1: answer token j sits at p + j
+        answer_pos += range(p - 1, p - 1 + n)
+        answer_row += [i] * n
+        soft_ids.append(row["top_ids"].long())
+        soft_probs.append(row["top_probs"].float())
+        picks = rng.choice(p - 1, min(p - 1, recipe.prompt_positions), replace=False)
+        prompt_pos += picks.tolist()
+        prompt_row += [i] * len(picks)
+    return {"ids": ids, "mask": mask,
+            "answer": (torch.tensor(answer_row), torch.tensor(answer_pos)),
+            "soft_ids": torch.cat(soft_ids), "soft_probs": torch.cat(soft_probs),
+            "prompt": (torch.tensor(prompt_row), torch.tensor(prompt_pos))}
+
+
+def distill_loss(draft, batch: dict, recipe: DistillRecipe) -> tuple[torch.Tensor, float]:
+    """The draft's loss on one batch; returns (loss, answer CE) — CE on the greedy token is
+    what acceptance tracks."""
+    hidden = draft.model(input_ids=batch["ids"], attention_mask=batch["mask"]).last_hidden_state
+    ids = batch["ids"]
+
+    def logits_at(rows, pos):
+        return draft.lm_head(hidden[rows, pos]).float()
+
+    rows, pos = batch["answer"]
+    logits = logits_at(rows, pos)
+    greedy = ids[rows, pos + 1]
+    answer_ce = F.cross_entropy(logits, greedy)
+    log_probs = F.log_softmax(logits, -1).gather(1, batch["soft_ids"])
+    probs = batch["soft_probs"] / batch["soft_probs"].sum(1, keepdim=True)
+    soft = -(probs * log_probs).sum(1).mean()  # CE to the renormalised top-k = KL + const
+    loss = (1 - recipe.soft_weight) * answer_ce + recipe.soft_weight * soft
+    rows, pos = batch["prompt"]
+    if len(pos):
+        loss = loss + recipe.prompt_weight * F.cross_entropy(logits_at(rows, pos), ids[rows, pos + 1])
+    return loss, float(answer_ce.detach())
+
+
+def train_draft(draft, answers: list[dict], recipe: DistillRecipe, ckpt: Path,
+                quiet: bool = False, heldout: list[dict] | None = None) -> dict:
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=recipe.lr, betas=(0.9, 0.95),
+                                  weight_decay=0.1)
+    step, elapsed, history = 0, 0.0, []
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        draft.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, elapsed, history = state["step"], state["elapsed"], state.get("history", [])
+    draft.train()
+    bar = tqdm(total=recipe.steps, initial=step, desc="draft", disable=quiet, unit="step",
+               dynamic_ncols=True, mininterval=5)
+    started = time.perf_counter() - elapsed
+    ema = None
+    while step < recipe.steps:
+        rng = np.random.default_rng([recipe.seed, step])  # per step: resumes see the same batches
+        picks = rng.choice(len(answers), recipe.batch, replace=False)
+        batch = make_batch([answers[i] for i in picks], recipe, rng)
+        lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup)
+        lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / recipe.steps)))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, answer_ce = distill_loss(draft, batch, recipe)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        ema = answer_ce if ema is None else 0.95 * ema + 0.05 * answer_ce
+        bar.set_postfix(answer_ce=f"{ema:.3f}", refresh=False)
+        bar.update(1)
+        if step % CHECKPOINT_EVERY == 0 or step == recipe.steps:
+            if heldout:
+                history.append({"step": step, "heldout_top1": top1_agreement(draft, heldout)})
+                draft.train()
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"model": draft.state_dict(), "optimizer": optimizer.state_dict(),
+                        "step": step, "elapsed": time.perf_counter() - started,
+                        "history": history}, tmp)
+            os.replace(tmp, ckpt)
+    bar.close()
+    draft.eval()
+    return {"steps": step, "train_seconds": round(time.perf_counter() - started, 1),
+            "final_answer_ce": ema, "history": history}
+
+
+@torch.inference_mode()
+def top1_agreement(draft, rows: list[dict]) -> float:
+    """Teacher-forced: how often the draft's argmax is the target's greedy answer token
+    (≈ acceptance at draft position 1)."""
+    draft.eval()
+    hits = total = 0
+    for row in rows:
+        seq = torch.tensor([row["prompt"] + row["answer"]])
+        logits = draft(seq).logits[0]
+        p, n = len(row["prompt"]), len(row["answer"])
+        predicted = logits[p - 1:p - 1 + n].argmax(-1)
+        hits += int((predicted == torch.tensor(row["answer"])).sum())
+        total += n
+    return hits / max(1, total)
+
+
+# -- the build ------------------------------------------------------------------------------
+def build(out_dir: Path | None = None, recipe: DistillRecipe = RECIPE, quiet: bool = False,
+          log=print, stage: str = "all", answer_deadline: float | None = None,
+          threads: int | None = None) -> dict:
+    """stage: "answers" (only the target's answers), "train" (with what answers exist), "all"."""
+    out_dir = Path(out_dir) if out_dir else SMOLLM2_SHIPPED_DIR / "draft"
+    work = work_dir()
+    work.mkdir(parents=True, exist_ok=True)
+    # Beside other work, 1 thread: 2 OpenMP threads on 2 busy cores wait on each other (a
+    # shard of answers took 10x longer that way than on one thread).
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    target, tokenizer = load_target()
+    if stage in ("answers", "all"):
+        prompts = training_prompts(tokenizer, recipe)
+        log(f"{len(prompts)} training prompts (<= {recipe.max_prompt_tokens} tokens)")
+        generate_answers(target, tokenizer, prompts, recipe, work / "answers", quiet,
+                         answer_deadline)
+        if stage == "answers":
+            return {}
+    answers = load_answers(work / "answers")
+    if len(answers) < 2 * recipe.batch:
+        raise ValueError(f"only {len(answers)} target answers in {work / 'answers'}: "
+                         f"run the answers stage first")
+    rng = np.random.default_rng(recipe.seed)
+    order = rng.permutation(len(answers))
+    heldout = [answers[i] for i in order[:32]]  # never trained on: the card's agreement
+    train = [answers[i] for i in order[32:]]
+    log(f"{len(train)} answers to train on, {sum(len(a['answer']) for a in train):,} answer tokens")
+    draft = make_draft(target, recipe)
+    key = json.dumps(asdict(recipe), sort_keys=True)
+    ckpt = work / f"draft-{hashlib.sha1(key.encode()).hexdigest()[:10]}-{len(train)}.pt"
+    run = train_draft(draft, train, recipe, ckpt, quiet, heldout)
+    card = {"recipe": asdict(recipe), "training": run, "answers": len(train),
+            "answer_tokens": sum(len(a["answer"]) for a in train),
+            "heldout_top1_agreement": top1_agreement(draft, heldout),
+            "draft_params": sum(p.numel() for p in draft.parameters()),
+            "target": str(smollm2_dir() / "target")}
+    save_draft(draft, tokenizer, out_dir, card)
+    log(f"draft saved to {out_dir}: held-out top-1 agreement {card['heldout_top1_agreement']:.3f}")
+    return card
+
+
+def save_draft(draft, tokenizer, out_dir: Path, card: dict) -> None:
+    """bf16 safetensors + the target's tokenizer + card, written atomically."""
+    import shutil
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    draft.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "card.json").write_text(json.dumps(card, indent=2, default=str) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
