@@ -34,7 +34,7 @@ def load(target: str | None = None, draft: str | None = None, dtype: str = "floa
 def generate(prompt, *, target: str | None = None, draft: str | None = None,
              pair: str | None = None, **options):
     """One completion; options as Engine.generate (drafter, k, max_new_tokens, temperature,
-    top_k, top_p, seed, policy, on_tokens). `prompt` is text, token ids, or a chat: a list of
+    top_k, top_p, seed, controller, on_tokens). `prompt` is text, token ids, or a chat: a list of
     {"role", "content"} messages, rendered with the target's chat template. Returns a
     Generation (text, token_ids, telemetry)."""
     engine = load(target, draft, pair=pair)
@@ -45,7 +45,7 @@ def generate(prompt, *, target: str | None = None, draft: str | None = None,
 
 
 def __getattr__(name):
-    if name in ("Engine", "Generation", "StaticPolicy"):
+    if name in ("Engine", "Generation", "Controller", "StaticController", "StaticPolicy"):
         from autospec.engine import loop
         return getattr(loop, name)
     raise AttributeError(name)

@@ -1,4 +1,4 @@
-"""The controller's pure parts on hand-written arrays, and its policy on the tiny pair."""
+"""The controller's pure parts on hand-written arrays, and the controller on the tiny pair."""
 import numpy as np
 import pytest
 
@@ -69,7 +69,7 @@ def test_adaptive_falls_back_to_plain_with_a_useless_drafter(tiny_pair):
     engine = Engine(tiny_pair, drafter_options={"synthetic": {"alpha": 0.0}})
     ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",), counterfactual=False))
     for i in range(6):
-        out = engine.generate(f"x{i} = {i}\n", policy=ctl, max_new_tokens=40)
+        out = engine.generate(f"x{i} = {i}\n", controller=ctl, max_new_tokens=40)
     late = out.telemetry.step_records[-20:]
     assert sum(s.k == 0 for s in late) >= 0.8 * len(late)
 
@@ -78,7 +78,7 @@ def test_adaptive_output_is_identical_to_plain(tiny_engine):
     ctl = AdaptiveController()
     for prompt in ("def f(x):\n    return x\n" * 3, "import os\n", "class A:\n    pass\n"):
         plain = tiny_engine.generate(prompt, drafter=None, max_new_tokens=30)
-        out = tiny_engine.generate(prompt, policy=ctl, max_new_tokens=30)
+        out = tiny_engine.generate(prompt, controller=ctl, max_new_tokens=30)
         assert out.token_ids == plain.token_ids
         assert out.telemetry.policy_seconds > 0
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from autospec.drafters.base import create_drafter
-from autospec.engine.loop import StaticPolicy
+from autospec.engine.loop import StaticController, StaticPolicy
 
 
 def test_rollback_keeps_cache_at_context_length(tiny_engine):
@@ -55,9 +55,18 @@ def test_telemetry_sums(tiny_engine):
 
 
 def test_plain_steps_emit_one_token_each(tiny_engine):
-    out = tiny_engine.generate("def", policy=StaticPolicy(None, 0), max_new_tokens=9)
+    out = tiny_engine.generate("def", controller=StaticController(None, 0), max_new_tokens=9)
     assert [s.emitted for s in out.telemetry.step_records] == [1] * 9
     assert out.telemetry.proposed == 0 and out.telemetry.acceptance_rate == 0.0
+
+
+def test_the_old_policy_names_still_work_for_one_release(tiny_engine):
+    from autospec.controller.policies import make_policy
+    from autospec.engine.loop import Controller, Policy
+    assert Policy is Controller and StaticPolicy is StaticController
+    old = tiny_engine.generate("def", policy=StaticPolicy(None, 0), max_new_tokens=5)
+    new = tiny_engine.generate("def", controller=make_policy("plain"), max_new_tokens=5)
+    assert old.token_ids == new.token_ids
 
 
 def test_interleaved_requests_do_not_share_state(tiny_engine):

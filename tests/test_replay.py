@@ -10,7 +10,7 @@ from autospec.bench.harness import Prompt
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.formulas import speedup
 from autospec.controller.trace import Trace, TraceRequest, record, replay
-from autospec.engine.loop import StaticPolicy
+from autospec.engine.loop import StaticController
 
 PROMPTS = [Prompt("a", "def f(x):\n    return x\n" * 3, "copy"),
            Prompt("b", "import os\nimport sys\n", "code")]
@@ -26,9 +26,10 @@ def tiny_trace(tiny_engine, tmp_path_factory):
 
 @pytest.mark.parametrize("drafter, k", [("ngram", 4), ("draft-model", 2), ("draft-model", 8)])
 def test_replay_reproduces_live_steps_exactly(tiny_engine, tiny_trace, drafter, k):
-    replayed = replay(tiny_trace, StaticPolicy(drafter, k))
+    replayed = replay(tiny_trace, StaticController(drafter, k))
     for prompt, rec in zip(PROMPTS, replayed):
-        live = tiny_engine.generate(prompt.prompt, policy=StaticPolicy(drafter, k), max_new_tokens=40)
+        live = tiny_engine.generate(prompt.prompt, controller=StaticController(drafter, k),
+                                    max_new_tokens=40)
         assert [s.accepted for s in rec.step_records] == [s.accepted for s in live.telemetry.step_records]
         assert rec.output_tokens == len(live.token_ids)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from autospec.engine.loop import Engine, StaticPolicy
+from autospec.engine.loop import Engine, StaticController
 from autospec.models.pair import ModelPair
 from conftest import IdTokenizer, random_llama
 from scipy_free_stats import chi2_pvalue
@@ -51,7 +51,7 @@ def test_speculative_sampling_matches_target(engine, drafter):
     counts = np.zeros(len(outcomes))
     proposed = rejected = 0
     for seed in range(SAMPLES):
-        out = engine.generate(PROMPT, policy=StaticPolicy(drafter, K), max_new_tokens=NEW,
+        out = engine.generate(PROMPT, controller=StaticController(drafter, K), max_new_tokens=NEW,
                               temperature=temperature, seed=seed)
         counts[index[tuple(out.token_ids)]] += 1
         proposed += out.telemetry.proposed

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from autospec.controller.adaptive import DEFAULT_DRAFTERS
-from autospec.controller.policies import make_policy
+from autospec.controller.factory import make_controller
 from autospec.drafters.base import known_drafters
 from autospec.engine.loop import Engine
 
@@ -110,7 +110,7 @@ def make_runner(method: str, engine: Engine) -> Runner:
     if parts[0] != "hf":
         available = tuple(d for d in DEFAULT_DRAFTERS
                           if d != "draft-model" or engine.models.draft is not None)
-        return _ours(engine, make_policy(method, available))
+        return _ours(engine, make_controller(method, available))
     k = int(parts[2]) if len(parts) == 3 else HF_DEFAULT_K
     models = engine.models
     extra: dict = {}
@@ -127,10 +127,10 @@ def make_runner(method: str, engine: Engine) -> Runner:
     return _hf(engine, extra)
 
 
-def _ours(engine: Engine, policy) -> Runner:
+def _ours(engine: Engine, controller) -> Runner:
     def run(ids, max_new_tokens, temperature, seed, workload):
         t0 = time.perf_counter()
-        out = engine.generate(ids, policy=policy, max_new_tokens=max_new_tokens,
+        out = engine.generate(ids, controller=controller, max_new_tokens=max_new_tokens,
                               temperature=temperature, seed=seed, workload=workload)
         wall = time.perf_counter() - t0
         t = out.telemetry

@@ -62,7 +62,7 @@ def check_trace_pair(trace, path, pair: str) -> None:
 
 
 def run_replay(trace, names, drafters) -> dict:
-    from autospec.controller.policies import make_policy
+    from autospec.controller.factory import make_controller
     from autospec.controller.trace import replay as replay_trace
     out = {}
     for name in names:
@@ -70,7 +70,7 @@ def run_replay(trace, names, drafters) -> dict:
             if d not in trace.draft_seconds_per_token:
                 raise ValueError(f"controller '{name}' needs drafter '{d}', which the trace did "
                                  f"not record (recorded: {', '.join(drafters)})")
-        records = replay_trace(trace, make_policy(name, drafters))
+        records = replay_trace(trace, make_controller(name, drafters))
         by_cat = defaultdict(lambda: [0, 0.0, 0])
         for r in records:
             for key in (r.workload, "overall"):

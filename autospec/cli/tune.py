@@ -48,7 +48,7 @@ from autospec.cli.options import draft_option, dtype_option, target_option
 def tune(study_name, show_name, storage, n_trials, timeout, trace_paths, workload_path,
          space_path, export_path, grid, discrete, no_prune, seed, heartbeat, max_new_tokens,
          quiet, target, draft, dtype):
-    """Search controller policies with Optuna; every trial is kept in the study's storage.
+    """Search controller settings with Optuna; every trial is kept in the study's storage.
 
     \b
     autospec tune --study mixed --trace trace.json --trials 200 --export policies/mixed.yaml

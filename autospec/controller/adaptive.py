@@ -110,7 +110,7 @@ class _RequestState:
 
 @dataclass
 class AdaptiveController:
-    """A Policy (see engine.loop): decide(request) -> (drafter, k); update(record, request)."""
+    """A Controller (see engine.loop): decide(request) -> (drafter, k); update(record, request)."""
     settings: ControllerSettings = field(default_factory=ControllerSettings)
     available: tuple[str, ...] | None = None  # drafters this engine can run (e.g. no draft model)
 

@@ -9,7 +9,7 @@ TIERS = (1, 2, 4, 8)
 
 
 @dataclass
-class HFHeuristicPolicy:
+class HFHeuristicController:
     """transformers' num_assistant_tokens_schedule="heuristic": +2 when every proposed token
     was accepted, else max(1, K - 1). Per request (its "heuristic_transient" variant)."""
     drafter: str = "draft-model"
@@ -29,7 +29,7 @@ class HFHeuristicPolicy:
 
 
 @dataclass
-class EMAPolicy:
+class EMAController:
     """SGLang's --speculative-adaptive style: an EMA of accepted length mapped to K tiers —
     draft the smallest tier that exceeds what is expected to be accepted."""
     drafter: str = "draft-model"
@@ -46,3 +46,7 @@ class EMAPolicy:
         self._ema[request.request_id] = (1 - self.weight) * ema + self.weight * record.accepted
         if request.done:
             self._ema.pop(request.request_id, None)
+
+
+HFHeuristicPolicy = HFHeuristicController  # deprecated names (one release)
+EMAPolicy = EMAController

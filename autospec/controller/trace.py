@@ -24,7 +24,7 @@ import torch
 
 from autospec.drafters.base import DraftContext, create_drafter
 from autospec.engine.kv import cached_forward, new_cache, rollback
-from autospec.engine.loop import Engine, StaticPolicy
+from autospec.engine.loop import Controller, Engine, StaticController
 from autospec.engine.sampling import SamplingParams
 from autospec.telemetry import StepRecord, summarise
 
@@ -82,7 +82,7 @@ def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
     requests = []
     for i, p in enumerate(prompts):
         ids = prompt_ids(engine, p)
-        plain = engine.generate(ids, policy=StaticPolicy(None, 0),
+        plain = engine.generate(ids, controller=StaticController(None, 0),
                                 max_new_tokens=p.max_new_tokens or max_new_tokens)
         output = plain.token_ids
         match = {}
@@ -134,7 +134,7 @@ def calibrate_verify(engine: Engine, tokens: list[int], k_max: int, repeats: int
 
 @dataclass
 class SimRequest:
-    """What a policy sees of a replayed request (the fields of engine.loop.Request it reads)."""
+    """What a controller sees of a replayed request (the fields of engine.loop.Request it reads)."""
     request_id: str
     tokens: list[int]
     prompt_len: int
@@ -150,10 +150,11 @@ class SimRequest:
         return self.tokens[self.prompt_len:]
 
 
-def replay(trace: Trace, policy, requests: list[TraceRequest] | None = None):
-    """Run `policy` over the trace; returns one RequestRecord per request (simulated seconds).
+def replay(trace: Trace, controller: Controller, requests: list[TraceRequest] | None = None):
+    """Run `controller` over the trace; returns one RequestRecord per request (simulated
+    seconds).
 
-    The policy's decide/update are real; each step is charged the recorded costs.
+    The controller's decide/update are real; each step is charged the recorded costs.
     """
     records = []
     verify = trace.verify_seconds
@@ -163,7 +164,7 @@ def replay(trace: Trace, policy, requests: list[TraceRequest] | None = None):
         t = 0
         n = len(req.output)
         while t < n:
-            drafter, k = policy.decide(sim)
+            drafter, k = controller.decide(sim)
             k = max(0, min(k, trace.k_max, n - t - 1)) if drafter else 0
             drafter = drafter if k else None
             agree = min(req.match[drafter][t], k) if drafter else 0
@@ -177,7 +178,7 @@ def replay(trace: Trace, policy, requests: list[TraceRequest] | None = None):
             record = StepRecord(req.id, len(steps), drafter or "none", k, k, agree, len(emitted),
                                 draft_s, verify[k], k + 1, context, 0, 0.0)
             steps.append(record)
-            policy.update(record, sim)
+            controller.update(record, sim)
         wall = sum(s.draft_seconds + s.verify_seconds for s in steps)
         records.append(summarise(req.id, len(req.prompt), steps, wall, req.category))
     return records

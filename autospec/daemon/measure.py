@@ -136,7 +136,7 @@ def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
     import autospec
     from autospec.bench.harness import load_prompts
     from autospec.cli.demo import mixed_prompts
-    from autospec.engine.loop import StaticPolicy
+    from autospec.engine.loop import StaticController
     proc, sock = start_daemon(tmp)
     serve = subprocess.Popen([sys.executable, "-m", "autospec", "serve", "--port", "0",
                               "--daemon", f"unix:{sock}", "--log-level", "warning"],
@@ -153,7 +153,7 @@ def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
                 m = json.loads(r.read())["autospec"]
             totals["serve"][0] += m["output_tokens"]
             totals["serve"][1] += m["wall_seconds"]
-            out = engine.generate(p.prompt, policy=StaticPolicy("ngram", 8), max_new_tokens=max_tokens)
+            out = engine.generate(p.prompt, controller=StaticController("ngram", 8), max_new_tokens=max_tokens)
             totals["engine"][0] += out.telemetry.output_tokens
             totals["engine"][1] += out.telemetry.wall_seconds
         health = json.loads(urllib.request.urlopen(f"{url}/healthz").read())

@@ -5,8 +5,8 @@ and drafters). The target's KV cache holds every token but the newest; a step fe
 [newest] + draft (k+1 tokens) in one forward, keeps the accepted prefix plus one target token,
 and crops the cache back. k = 0 is plain decoding through the very same code.
 
-Which drafter and which k are *arguments* of `step`; a policy (static here, the controller
-later) decides them between steps.
+Which drafter and which k are *arguments* of `step`; a `Controller` (static here, the
+adaptive one in autospec/controller/) decides them between steps.
 """
 from __future__ import annotations
 
@@ -26,14 +26,15 @@ from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
 from autospec.telemetry import RequestRecord, StepRecord, summarise
 
 
-class Policy(Protocol):
+class Controller(Protocol):
     """Chooses (drafter name or None, k) before each step; told each step's record after."""
     def decide(self, request: "Request") -> tuple[str | None, int]: ...
     def update(self, record: StepRecord, request: "Request") -> None: ...
 
 
 @dataclass
-class StaticPolicy:
+class StaticController:
+    """The same (drafter, k) every step; (None, 0) is plain decoding."""
     drafter: str | None
     k: int
 
@@ -42,6 +43,10 @@ class StaticPolicy:
 
     def update(self, record: StepRecord, request: "Request") -> None:
         pass
+
+
+Policy = Controller  # deprecated name (one release): "policy" now means a policy file only
+StaticPolicy = StaticController  # deprecated name (one release)
 
 
 @dataclass
@@ -202,24 +207,27 @@ class Engine:
         return Generation(text, list(request.output), record)
 
     def generate(self, prompt: str | list[int], *, drafter: str | None = "ngram", k: int = 4,
-                 policy: Policy | None = None, max_new_tokens: int = 64,
+                 controller: Controller | None = None, max_new_tokens: int = 64,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  workload: str | None = None,
-                 on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
-        """Generate one completion. A `policy` overrides the static (drafter, k)."""
-        if policy is None:
+                 on_tokens: Callable[[list[int]], None] | None = None,
+                 policy: Controller | None = None) -> Generation:
+        """Generate one completion. A `controller` overrides the static (drafter, k)
+        (`policy=` is its deprecated name)."""
+        controller = controller or policy
+        if controller is None:
             if drafter is not None:
                 self.check_drafter(drafter, k)
-            policy = StaticPolicy(drafter, k)
+            controller = StaticController(drafter, k)
         sampling = SamplingParams(temperature, top_k, top_p)
         request = self.start(prompt, max_new_tokens, sampling, seed, workload=workload)
         while not request.done:
             t0 = time.perf_counter()
-            name, step_k = policy.decide(request)
+            name, step_k = controller.decide(request)
             t1 = time.perf_counter()
             emitted = self.step(request, name, step_k)
             t2 = time.perf_counter()
-            policy.update(request.steps[-1], request)
+            controller.update(request.steps[-1], request)
             request.steps[-1].policy_seconds = (t1 - t0) + (time.perf_counter() - t2)
             if on_tokens:
                 on_tokens(emitted)

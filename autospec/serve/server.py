@@ -22,7 +22,7 @@ from aiohttp import web
 from autospec.controller.adaptive import DEFAULT_DRAFTERS, AdaptiveController, ControllerSettings
 from autospec.daemon.client import DaemonClient
 from autospec.daemon.service import stop_on_signals
-from autospec.engine.loop import Engine, Generation, StaticPolicy
+from autospec.engine.loop import Engine, Generation, StaticController
 from autospec.models.chat import ChatError, encode_chat
 from autospec.policy import parameters_from_dict
 from autospec.serve import openai
@@ -106,19 +106,19 @@ class Server:
 
     def generate(self, req: openai.Completion, on_text) -> Generation:
         if req.method == "adaptive":
-            policy = self.controller(req.workload)
+            controller = self.controller(req.workload)
         elif req.method == "plain":
-            policy = StaticPolicy(None, 0)
+            controller = StaticController(None, 0)
         else:
             _, drafter, k = req.method.split(":")
             if drafter not in self.available and drafter != "synthetic":
                 raise openai.InvalidRequest(f"autospec.method: drafter {drafter!r} is not "
                                             f"available here (have: {', '.join(self.available)})")
-            policy = StaticPolicy(drafter, int(k))
+            controller = StaticController(drafter, int(k))
         text = TextStream(self.engine.models.tokenizer) if on_text else None
         callback = (lambda tokens: on_text(text.add(tokens))) if on_text else None
         generation = self.engine.generate(
-            req.prompt, policy=policy, max_new_tokens=req.max_tokens,
+            req.prompt, controller=controller, max_new_tokens=req.max_tokens,
             temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
             workload=req.workload, on_tokens=callback)
         if on_text:

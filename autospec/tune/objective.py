@@ -115,7 +115,7 @@ class LiveObjective:
         for i in range(0, len(self.prompts), self.chunk):
             for p, ids in zip(self.prompts[i:i + self.chunk], self.ids[i:i + self.chunk]):
                 t0 = time.perf_counter()
-                out = self.engine.generate(ids, policy=ctl, workload=p.category,
+                out = self.engine.generate(ids, controller=ctl, workload=p.category,
                                            max_new_tokens=p.max_new_tokens or self.max_new_tokens)
                 seconds += time.perf_counter() - t0 + step_seconds * out.telemetry.steps
                 tokens += len(out.token_ids)
