@@ -12,7 +12,11 @@ Definitions, fixed here once:
 - `mean_accepted_length` = emitted tokens per step, *including* the bonus token (plain decoding
   = 1.0, the convention of SGLang and vLLM's "acceptance length").
 - `acceptance_rate` = accepted / proposed over the request (drafted tokens that survived).
-- `acceptance_per_position[j]` = P(draft position j+1 accepted | it was proposed).
+- `acceptance_per_position[j]` = P(draft position j+1 accepted | it was proposed): what a
+  request saw. Not to be confused with what the controller learns, `conditional_acceptance[j]`
+  = P(position j+1 accepted | positions 1..j accepted) (controller/estimates.py, the store).
+- `controller_seconds`: the controller's decide + update (named `policy_seconds` before; the
+  old key is still read, for one release).
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ class StepRecord:
     context_tokens: int  # tokens in the target's KV cache before the step
     bytes_moved: int  # target weights + KV read by the verify, + the drafter's reads
     bandwidth_gbs: float  # bytes_moved / (draft + verify seconds), GB/s
-    policy_seconds: float = 0.0  # the controller's decide + update for this step
+    controller_seconds: float = 0.0  # the controller's decide + update for this step
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -64,7 +68,7 @@ class RequestRecord:
     tokens_per_s: float
     bytes_moved: int
     bandwidth_gbs: float
-    policy_seconds: float = 0.0
+    controller_seconds: float = 0.0
     workload: str | None = None
     finish_reason: str = "length"  # "length" | "stop"
     step_records: list[StepRecord] = field(default_factory=list)
@@ -125,6 +129,8 @@ def _from_dict(cls, raw: dict):
     if not isinstance(raw, dict):
         raise TelemetryError(f"{cls.__name__}: expected an object, got {type(raw).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    if "policy_seconds" in raw and "controller_seconds" in fields:  # the old name (one release)
+        raw = {("controller_seconds" if k == "policy_seconds" else k): v for k, v in raw.items()}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise TelemetryError(f"{cls.__name__}: unknown field(s) {unknown}")
@@ -173,7 +179,7 @@ def summarise(request_id: str, prompt_tokens: int, steps: list[StepRecord], wall
         tokens_per_s=output_tokens / wall_seconds if wall_seconds > 0 else 0.0,
         bytes_moved=moved,
         bandwidth_gbs=moved / (draft_s + verify_s) / 1e9 if draft_s + verify_s > 0 else 0.0,
-        policy_seconds=sum(s.policy_seconds for s in steps),
+        controller_seconds=sum(s.controller_seconds for s in steps),
         workload=workload,
         finish_reason=finish_reason,
         step_records=steps,

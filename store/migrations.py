@@ -10,15 +10,27 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sqlalchemy import Connection, inspect, select
+from sqlalchemy import Connection, inspect, select, text
 
 from autospec.store import schema
 from autospec.store.errors import StoreSchemaError
 
-# (from_version, upgrade): upgrade(connection) turns a store at from_version into one at
-# from_version + 1. Ordered; version 1 is the first schema, so the list starts empty.
 Migration = Callable[[Connection], None]
-MIGRATIONS: list[tuple[int, Migration]] = []
+
+
+def _v1_to_v2(connection: Connection) -> None:
+    """Two quantities, two names: the learnt P(accepted | earlier accepted) is
+    `conditional_acceptance` (`acceptance_per_position` stays the telemetry's P(accepted |
+    proposed)); the controller's time per step is `controller_seconds`."""
+    for table, old, new in (("estimates", "acceptance_per_position", "conditional_acceptance"),
+                            ("requests", "policy_seconds", "controller_seconds")):
+        connection.execute(text(f"ALTER TABLE {schema.TABLE_PREFIX}{table} "
+                                f"RENAME COLUMN {old} TO {new}"))
+
+
+# (from_version, upgrade): upgrade(connection) turns a store at from_version into one at
+# from_version + 1. Ordered.
+MIGRATIONS: list[tuple[int, Migration]] = [(1, _v1_to_v2)]
 
 
 def stored_version(connection: Connection) -> int | None:

@@ -21,12 +21,12 @@ from autospec.telemetry import RequestRecord
 class Estimate:
     """Learned state for one drafter on one workload ("*" = pooled over all workloads).
 
-    acceptance_per_position[j] = P(draft position j+1 accepted | positions 1..j accepted),
+    conditional_acceptance[j] = P(draft position j+1 accepted | positions 1..j accepted),
     observations[j] = the (discounted) verified drafts behind it; both length k_max.
     Seconds: per drafted token, and verify v(n) = base + slope * n for n tokens in a forward."""
     drafter: str
     workload: str
-    acceptance_per_position: tuple[float, ...]
+    conditional_acceptance: tuple[float, ...]
     observations: tuple[float, ...]
     draft_seconds_per_token: float | None = None
     verify_base_seconds: float | None = None
@@ -34,11 +34,11 @@ class Estimate:
     updated_at: datetime | None = None  # set by the store when saved
 
     def __post_init__(self):
-        acc = tuple(float(a) for a in self.acceptance_per_position)
+        acc = tuple(float(a) for a in self.conditional_acceptance)
         obs = tuple(float(o) for o in self.observations)
         where = f"estimate {self.drafter}/{self.workload}"
         if len(acc) != len(obs):
-            raise ValueError(f"{where}: acceptance_per_position has {len(acc)} entries but "
+            raise ValueError(f"{where}: conditional_acceptance has {len(acc)} entries but "
                              f"observations has {len(obs)}; expected one per draft position")
         for a in acc:
             if not 0.0 <= a <= 1.0:  # also refuses NaN
@@ -46,7 +46,7 @@ class Estimate:
         for o in obs:
             if not o >= 0.0 or math.isinf(o):
                 raise ValueError(f"{where}: observation count {o!r} not a finite number >= 0")
-        object.__setattr__(self, "acceptance_per_position", acc)
+        object.__setattr__(self, "conditional_acceptance", acc)
         object.__setattr__(self, "observations", obs)
 
 
@@ -120,7 +120,7 @@ def load_estimates(session: Session, model_pair: str, hardware: str) -> dict[str
     out: dict[str, dict[str, Estimate]] = {}
     for row in rows:
         out.setdefault(row.workload, {})[row.drafter] = Estimate(
-            row.drafter, row.workload, row.acceptance_per_position, row.observations,
+            row.drafter, row.workload, row.conditional_acceptance, row.observations,
             row.draft_seconds_per_token, row.verify_base_seconds, row.verify_slope_seconds,
             _utc(row.updated_at))
     return out
@@ -143,7 +143,7 @@ def save_estimates(session: Session, model_pair: str, hardware: str,
             row = EstimateRow(model_pair=model_pair, hardware=hardware, drafter=est.drafter,
                               workload=workload)
             session.add(row)
-        row.acceptance_per_position = list(est.acceptance_per_position)
+        row.conditional_acceptance = list(est.conditional_acceptance)
         row.observations = list(est.observations)
         row.draft_seconds_per_token = est.draft_seconds_per_token
         row.verify_base_seconds = est.verify_base_seconds

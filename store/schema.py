@@ -18,7 +18,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from autospec.telemetry import RequestRecord
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: estimates.conditional_acceptance, requests.controller_seconds
 TABLE_PREFIX = "autospec_"
 ALL_WORKLOADS = "*"  # the workload key of pooled estimates (as the controller spells it)
 
@@ -72,7 +72,7 @@ class RequestRow(Base):
     tokens_per_s: Mapped[float] = mapped_column(Float)
     bytes_moved: Mapped[int] = mapped_column(BigInteger)  # > 2**31 after a few steps
     bandwidth_gbs: Mapped[float] = mapped_column(Float)
-    policy_seconds: Mapped[float] = mapped_column(Float)
+    controller_seconds: Mapped[float] = mapped_column(Float)
     workload: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
     finish_reason: Mapped[str] = mapped_column(String(32))
 
@@ -114,8 +114,8 @@ class StepAggregateRow(Base):
 class EstimateRow(Base):
     """The slow path's learned state per (model pair, drafter, workload, hardware).
 
-    workload "*" = pooled over all workloads. Acceptance per draft position j (conditional on
-    0..j-1 accepted) with the (discounted) number of observations behind each; draft seconds
+    workload "*" = pooled over all workloads. conditional_acceptance[j] = P(draft position j+1
+    accepted | positions 1..j accepted) with the (discounted) number of observations behind each; draft seconds
     per drafted token; verify seconds v(n) = base + slope * n for a forward over n tokens."""
     __tablename__ = TABLE_PREFIX + "estimates"
     __table_args__ = (UniqueConstraint("model_pair", "drafter", "workload", "hardware",
@@ -126,7 +126,7 @@ class EstimateRow(Base):
     drafter: Mapped[str] = mapped_column(String(128))
     workload: Mapped[str] = mapped_column(String(128))
     hardware: Mapped[str] = mapped_column(_KEY)
-    acceptance_per_position: Mapped[list] = mapped_column(JSON)  # [k_max] floats in [0, 1]
+    conditional_acceptance: Mapped[list] = mapped_column(JSON)  # [k_max] floats in [0, 1]
     observations: Mapped[list] = mapped_column(JSON)  # [k_max] floats >= 0
     draft_seconds_per_token: Mapped[float | None] = mapped_column(Float, nullable=True)
     verify_base_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)

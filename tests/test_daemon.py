@@ -37,7 +37,7 @@ def test_ingest_params_metrics_and_duplicates(tmp_path):
         status, text = request(daemon.url, "GET", "/metrics")
         assert 'autospec_requests_total{model_pair="pair",workload="copy"} 1' in text
         assert 'autospec_telemetry_batches_total{result="duplicate"} 1' in text
-        assert "autospec_acceptance_per_position{" in text and "autospec_policy_info{" in text
+        assert "autospec_conditional_acceptance{" in text and "autospec_policy_info{" in text
         assert "autospec_bandwidth_utilisation" in text and "autospec_drafter_share{" in text
         assert request(daemon.url, "GET", "/healthz")[1]["status"] == "ok"
     finally:

@@ -137,40 +137,73 @@ def test_older_schema_is_migrated_in_order_once(url, monkeypatch):
         store.ingest([record("r1")], "b", "reference", "cpu")
     ran = []
 
-    def add_note(connection):  # a pretend v1 -> v2: one new column
-        ran.append(1)
+    current = schema.SCHEMA_VERSION
+
+    def add_note(connection):  # a pretend next version: one new column
+        ran.append(current)
         connection.execute(text("ALTER TABLE autospec_applied_policies ADD COLUMN note VARCHAR"))
 
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
-    monkeypatch.setattr(migrations, "MIGRATIONS", [(1, add_note)])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", current + 1)
+    monkeypatch.setattr(migrations, "MIGRATIONS", [(current, add_note)])
     for _ in range(2):
         with open_store(url) as store:
             assert store.count_requests() == 1  # the data came along
             columns = {c["name"] for c in inspect(store.engine).get_columns("autospec_applied_policies")}
             assert "note" in columns
             with store.session_scope(write=False) as session:
-                assert session.get(SchemaVersionRow, 1).version == 2
-    assert ran == [1]  # migrated on the first open only
+                assert session.get(SchemaVersionRow, 1).version == current + 1
+    assert ran == [current]  # migrated on the first open only
 
 
 def test_failed_migration_leaves_the_old_schema(url, monkeypatch):
     open_store(url).close()
 
+    current = schema.SCHEMA_VERSION
+
     def broken(connection):
         connection.execute(text("ALTER TABLE autospec_applied_policies ADD COLUMN note VARCHAR"))
         raise RuntimeError("migration bug")
 
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
-    monkeypatch.setattr(migrations, "MIGRATIONS", [(1, broken)])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", current + 1)
+    monkeypatch.setattr(migrations, "MIGRATIONS", [(current, broken)])
     with pytest.raises(RuntimeError, match="migration bug"):
         open_store(url)
     monkeypatch.setattr(migrations, "MIGRATIONS", [])
-    with pytest.raises(StoreSchemaError, match="no migration from schema version 1 to 2"):
+    with pytest.raises(StoreSchemaError,
+                       match=f"no migration from schema version {current} to {current + 1}"):
         open_store(url)
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 1)
-    with open_store(url) as store:  # DDL rolled back with the transaction: still a clean v1
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", current)
+    with open_store(url) as store:  # DDL rolled back with the transaction: still clean
         columns = {c["name"] for c in inspect(store.engine).get_columns("autospec_applied_policies")}
         assert "note" not in columns
+
+
+def test_a_version_1_store_migrates_to_the_two_acceptance_names(url):
+    """Schema 1 called the learnt P(accepted | earlier accepted) `acceptance_per_position`,
+    the telemetry's name for P(accepted | proposed), and the controller's time
+    `policy_seconds`; schema 2 renames both columns, keeping the rows."""
+    with open_store(url) as store:
+        store.ingest([record("r1")], "b", "reference", "cpu")
+        store.save_estimates("reference", "cpu", [Estimate("ngram", "copy", [0.7, 0.5], [3, 1])])
+        with store.engine.begin() as connection:  # back to what schema 1 wrote
+            for table, old, new in (("estimates", "acceptance_per_position", "conditional_acceptance"),
+                                    ("requests", "policy_seconds", "controller_seconds")):
+                connection.execute(text(f"ALTER TABLE autospec_{table} RENAME COLUMN {new} TO {old}"))
+            connection.execute(text("UPDATE autospec_schema_version SET version = 1"))
+    with open_store(url) as store:
+        assert store.load_estimates("reference", "cpu")["copy"]["ngram"].conditional_acceptance \
+            == (0.7, 0.5)
+        columns = {c["name"] for c in inspect(store.engine).get_columns("autospec_requests")}
+        assert "controller_seconds" in columns and "policy_seconds" not in columns
+        with store.session_scope(write=False) as session:
+            assert session.get(SchemaVersionRow, 1).version == 2
+
+
+def test_telemetry_reads_the_old_policy_seconds_key():
+    raw = record("r1").to_dict()
+    raw["policy_seconds"] = raw.pop("controller_seconds")
+    raw["step_records"][0]["policy_seconds"] = raw["step_records"][0].pop("controller_seconds")
+    assert RequestRecord.from_dict(raw) == record("r1")
 
 
 def test_read_only_store_raises_store_error_and_keeps_data(tmp_path, url):

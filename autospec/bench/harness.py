@@ -91,7 +91,7 @@ class Cell:
     proposed: int = 0
     accepted: int = 0
     steps: int = 0
-    policy_s: float = 0.0  # the controller's decide + update (our methods only)
+    controller_s: float = 0.0  # the controller's decide + update (our methods only)
 
     def add(self, r: RunResult) -> None:
         self.tokens += len(r.token_ids)
@@ -99,7 +99,7 @@ class Cell:
         self.proposed += r.proposed
         self.accepted += r.accepted
         self.steps += r.steps
-        self.policy_s += sum(s.policy_seconds for s in r.step_records or ())
+        self.controller_s += sum(s.controller_seconds for s in r.step_records or ())
 
 
 @dataclass
@@ -180,7 +180,7 @@ def _stats(cells: list[Cell], same: bool | None) -> dict:
         "identical_to_plain": same,
         "speedup_vs_plain": None,
         # decide + update as a share of wall time (0 for fixed policies and hf: peers)
-        "policy_share": sum(c.policy_s for c in cells) / max(1e-12, sum(c.wall_s for c in cells)),
+        "controller_share": sum(c.controller_s for c in cells) / max(1e-12, sum(c.wall_s for c in cells)),
     }
 
 
@@ -192,7 +192,7 @@ def _merge(cells: list[Cell]) -> Cell:
         out.proposed += c.proposed
         out.accepted += c.accepted
         out.steps += c.steps
-        out.policy_s += c.policy_s
+        out.controller_s += c.controller_s
     return out
 
 
@@ -317,7 +317,7 @@ def format_table(report: dict) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) +
                      f" | {'' if acc is None else f'{acc:.2f}'} | {'' if same is None else same} |")
     shares = [f"{name} {stats[OVERALL]['policy_share']:.1%}" for name, stats in report["methods"].items()
-              if stats[OVERALL].get("policy_share", 0) > 0.001]
+              if stats[OVERALL].get("controller_share", 0) > 0.001]
     if shares:
         lines += ["", "controller decide + update, share of wall time: " + ", ".join(shares)]
     theory = report.get("theoretical") or {}

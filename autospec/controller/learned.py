@@ -75,7 +75,7 @@ class Learner:
         line = None
         for workload, per_drafter in estimates.items():
             for drafter, saved in per_drafter.items():
-                self._estimate(workload, drafter).restore(saved.acceptance_per_position,
+                self._estimate(workload, drafter).restore(saved.conditional_acceptance,
                                                           saved.observations)
                 if saved.draft_seconds_per_token is not None:
                     self.costs.draft[drafter] = saved.draft_seconds_per_token

@@ -64,8 +64,11 @@ def render(state: DaemonState) -> str:
              "Share of steps run with each drafter ('none' = plain decoding) since start.",
              (({"model_pair": p, "workload": w, "drafter": d}, n / steps_by_key[(p, w)])
               for (p, w, d), n in sorted(c.steps.items()) if steps_by_key[(p, w)]))
-    f.family("autospec_acceptance_per_position", "gauge",
+    f.family("autospec_conditional_acceptance", "gauge",
              "Learnt P(draft position accepted | earlier ones accepted), per drafter.",
+             _positions(state))
+    f.family("autospec_acceptance_per_position", "gauge",  # the old name, for one release
+             "Deprecated: renamed autospec_conditional_acceptance (same values).",
              _positions(state))
     f.family("autospec_bandwidth_utilisation", "gauge",
              "Achieved / peak memory bandwidth, mean over the last ingested batch.",

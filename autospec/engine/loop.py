@@ -228,7 +228,7 @@ class Engine:
             emitted = self.step(request, name, step_k)
             t2 = time.perf_counter()
             controller.update(request.steps[-1], request)
-            request.steps[-1].policy_seconds = (t1 - t0) + (time.perf_counter() - t2)
+            request.steps[-1].controller_seconds = (t1 - t0) + (time.perf_counter() - t2)
             if on_tokens:
                 on_tokens(emitted)
         return self.finish(request)
