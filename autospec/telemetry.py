@@ -24,6 +24,12 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+# Two workload keys, never one for both: a request that named no workload is UNLABELLED (the
+# controller's priors, the daemon's counters, the report); an estimate pooled over every
+# workload is POOLED (the Learner, the store's rows).
+UNLABELLED = "unlabelled"
+POOLED = "*"
+
 
 @dataclass
 class StepRecord:

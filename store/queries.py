@@ -19,7 +19,7 @@ from autospec.telemetry import RequestRecord
 
 @dataclass(frozen=True)
 class Estimate:
-    """Learned state for one drafter on one workload ("*" = pooled over all workloads).
+    """Learned state for one drafter on one workload (POOLED, "*" = over all workloads).
 
     conditional_acceptance[j] = P(draft position j+1 accepted | positions 1..j accepted),
     observations[j] = the (discounted) verified drafts behind it; both length k_max.

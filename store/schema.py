@@ -16,11 +16,11 @@ from sqlalchemy import (JSON, BigInteger, DateTime, Float, ForeignKey, Integer, 
                         UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from autospec.telemetry import RequestRecord
+from autospec.telemetry import POOLED, RequestRecord
 
 SCHEMA_VERSION = 2  # 2: estimates.conditional_acceptance, requests.controller_seconds
 TABLE_PREFIX = "autospec_"
-ALL_WORKLOADS = "*"  # the workload key of pooled estimates (as the controller spells it)
+ALL_WORKLOADS = POOLED  # the workload key of estimates pooled over every workload
 
 # Wide enough for a hub id + local path pair; PostgreSQL enforces lengths, SQLite does not.
 _KEY = String(512)
@@ -114,7 +114,7 @@ class StepAggregateRow(Base):
 class EstimateRow(Base):
     """The slow path's learned state per (model pair, drafter, workload, hardware).
 
-    workload "*" = pooled over all workloads. conditional_acceptance[j] = P(draft position j+1
+    workload POOLED ("*") = pooled over all workloads. conditional_acceptance[j] = P(draft position j+1
     accepted | positions 1..j accepted) with the (discounted) number of observations behind each; draft seconds
     per drafted token; verify seconds v(n) = base + slope * n for a forward over n tokens."""
     __tablename__ = TABLE_PREFIX + "estimates"

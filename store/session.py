@@ -127,7 +127,7 @@ class Store:
             return queries.count_requests(session, model_pair, hardware, workload)
 
     def load_estimates(self, model_pair: str, hardware: str) -> dict[str, dict[str, queries.Estimate]]:
-        """{workload: {drafter: Estimate}}; workload "*" = pooled over all workloads."""
+        """{workload: {drafter: Estimate}}; workload POOLED ("*") = over all workloads."""
         with self.session_scope(write=False) as session:
             return queries.load_estimates(session, model_pair, hardware)
 

@@ -101,6 +101,29 @@ def test_warm_start_reaches_steady_state_sooner():
     assert figures["tokens_per_s"]["warm"] == pytest.approx(figures["tokens_per_s"]["steady"], rel=0.02)
 
 
+def test_unlabelled_and_pooled_are_two_keys():
+    """An unlabelled request informs only the Learner's pooled estimate; a controller
+    warm-started from it keys that estimate as its unlabelled workload's prior."""
+    from autospec.controller.learned import Learner
+    from autospec.telemetry import POOLED, UNLABELLED
+    assert POOLED != UNLABELLED
+    trace = geometric_trace(0.7, 0.1, n=200)
+    unlabelled = TraceRequest("u", None, *[getattr(trace.requests[0], f) for f in
+                                           ("prompt", "output", "match")])
+    ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",)))
+    learner = Learner(k_max=8)
+    for r in replay(trace, ctl, [unlabelled]):
+        learner.observe(r)
+    assert set(learner.acceptance) == {POOLED}
+    assert set(ctl.priors) == {UNLABELLED}
+    for r in replay(trace, ctl):  # workload "synthetic"
+        learner.observe(r)
+    assert set(learner.acceptance) == {POOLED, "synthetic"}
+    fresh = AdaptiveController(ControllerSettings(drafters=("synthetic",)))
+    assert fresh.warm_start(learner.snapshot()) == 2
+    assert set(fresh.priors) == {UNLABELLED, "synthetic"}
+
+
 def test_learner_round_trips_through_store_estimates():
     from autospec.controller.learned import Learner
     trace = geometric_trace(0.7, 0.1, n=300)

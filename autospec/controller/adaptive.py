@@ -32,7 +32,7 @@ from autospec.configcheck import knob
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
 from autospec.drafters.base import drafter_class
 from autospec.drafters.ngram import NgramIndex
-from autospec.telemetry import StepRecord
+from autospec.telemetry import POOLED, UNLABELLED, StepRecord
 
 DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
 K_LIMIT = 64  # past this a draft costs more to verify than any acceptance rate repays
@@ -129,7 +129,7 @@ class AdaptiveController:
 
     # -- state ---------------------------------------------------------------------------
     def _prior(self, workload: str | None) -> dict[str, AcceptanceEstimate]:
-        key = workload or "*"
+        key = workload or UNLABELLED
         if key not in self.priors:
             s = self.settings
             self.priors[key] = {d: AcceptanceEstimate(s.k_max, s.prior_means.get(d, DEFAULT_PRIOR_MEAN), 2.0,
@@ -144,9 +144,10 @@ class AdaptiveController:
 
     def _pool(self, workload: str | None, drafter: str, proposed: int, accepted: int) -> None:
         """Queue one outcome for the pooled estimate of (workload, drafter); see _prior."""
-        pending = self._pending.get((workload or "*", drafter))
+        key = workload or UNLABELLED
+        pending = self._pending.get((key, drafter))
         if pending is None:
-            pending = self._pending[workload or "*", drafter] = ([], [])
+            pending = self._pending[key, drafter] = ([], [])
         pending[0].append(proposed)
         pending[1].append(accepted)
 
@@ -167,10 +168,12 @@ class AdaptiveController:
         serves it). A (workload, drafter) is replaced only where the snapshot holds more
         evidence than this controller has gathered itself (`only_if_richer`), so a fresh
         process starts from the fleet's knowledge and a busy one keeps its own. Costs seed the
-        cost model only before it has measured anything. Returns the estimates taken."""
+        cost model only before it has measured anything. Unlabelled requests start from the
+        estimate pooled over every workload (the Learner keeps none of their own). Returns the
+        estimates taken."""
         taken = 0
         for workload, per_drafter in (snapshot.get("acceptance") or {}).items():
-            prior = self._prior(workload)
+            prior = self._prior(UNLABELLED if workload == POOLED else workload)
             for drafter, saved in per_drafter.items():
                 if drafter not in prior:
                     continue

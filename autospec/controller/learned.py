@@ -2,7 +2,7 @@
 
 The daemon feeds each ingested RequestRecord's steps into a `Learner` (one per model pair and
 hardware): a slowly discounted acceptance estimate per (workload, drafter) — and per drafter
-pooled over workloads, under `ALL_WORKLOADS` — plus one cost model. These are what the store
+pooled over workloads, under `telemetry.POOLED` — plus one cost model. These are what the store
 persists (as `autospec.store.Estimate` rows) and what a new serving process starts from
 (`AdaptiveController.warm_start`), so a restart does not begin from the uninformed prior.
 
@@ -15,8 +15,7 @@ import numpy as np
 
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
 from autospec.store.queries import Estimate
-from autospec.store.schema import ALL_WORKLOADS
-from autospec.telemetry import RequestRecord
+from autospec.telemetry import POOLED, RequestRecord
 
 SLOW_DISCOUNT = 0.995  # per observed step: ~200 steps of memory per (workload, drafter)
 
@@ -43,7 +42,8 @@ class Learner:
             return
         self.costs.observe_verify_many([s.verify_tokens for s in steps],
                                        [s.verify_seconds for s in steps])
-        workloads = {record.workload or ALL_WORKLOADS, ALL_WORKLOADS}
+        # an unlabelled request informs the pooled estimates only
+        workloads = {POOLED, record.workload} if record.workload else {POOLED}
         by_drafter: dict[str, list] = {}
         for step in steps:
             if step.drafter != "none" and step.k > 0:

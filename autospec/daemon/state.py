@@ -20,7 +20,7 @@ from pathlib import Path
 from autospec.controller.learned import Learner
 from autospec.policy import Policy, PolicyError, load_policy, parameters_to_dict, parse_policy
 from autospec.store import Store
-from autospec.telemetry import RequestRecord
+from autospec.telemetry import UNLABELLED, RequestRecord
 
 log = logging.getLogger("autospec.daemon")
 
@@ -126,7 +126,7 @@ class DaemonState:
         c = self.counters
         for r in records:
             learner.observe(r)
-            workload = r.workload or "*"
+            workload = r.workload or UNLABELLED
             c.requests[(model_pair, workload)] += 1
             c.output_tokens[(model_pair, workload)] += r.output_tokens
             c.proposed[(model_pair, workload)] += r.proposed

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from autospec.store import AppliedPolicy, StepAggregate
+from autospec.telemetry import UNLABELLED  # the workload of requests stored without one
 
 PLAIN = "none"  # the drafter name of plain (non-speculative) steps, k = 0
 ALL = "all"  # the row of the summary pooled over every workload
-UNLABELLED = "unlabelled"  # the workload of requests stored without one
 
 
 @dataclass(frozen=True)
