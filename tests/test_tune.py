@@ -162,6 +162,9 @@ def test_export_validates_differs_from_default_and_changes_replay(tmp_path, env,
     assert policy.parameters != default.parameters
     prov = policy.provenance
     assert prov.study == "exp" and prov.model_pair == "reference" and prov.git_sha and prov.hardware
+    # the keys serve reports telemetry under, so the policy joins the traffic it explains
+    from autospec.engine.bandwidth import hardware_key
+    assert prov.hardware == hardware_key() and prov.model_pair == Trace.load(TRACE).pair
     trace = Trace.load(TRACE)
     drafters = tuple(trace.draft_seconds_per_token)
     tuned = replay(trace, build_controller(policy.parameters, drafters))

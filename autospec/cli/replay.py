@@ -53,10 +53,7 @@ def replay(trace_path, controllers, json_path, warm_start, pair):
 
 def check_trace_pair(trace, path, pair: str) -> None:
     """Refuse a trace recorded on another pair than `pair` (when the trace says which)."""
-    from autospec.models.pairs import pair_name_for
-    models = trace.models or {}
-    recorded = models.get("pair") or (
-        pair_name_for(models["target"], models.get("draft")) if models.get("target") else None)
+    recorded = trace.pair
     if recorded is not None and recorded != pair:
         raise ValueError(f"trace '{path}' was recorded on pair '{recorded}', not '{pair}'")
 

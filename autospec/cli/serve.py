@@ -34,7 +34,7 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
     from autospec.daemon.client import DaemonClient
     from autospec.daemon.listen import is_loopback
     from autospec.daemon.service import configure_logging
-    from autospec.engine.bandwidth import hardware_name, peak_bandwidth_gbs
+    from autospec.engine.bandwidth import hardware_key, peak_bandwidth_gbs
     from autospec.serve.server import Server, run_serve
 
     if not is_loopback(host):
@@ -46,7 +46,7 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
     client = None
     if daemon_url:
         try:
-            client = DaemonClient(daemon_url, pair_name, hardware_name(), token,
+            client = DaemonClient(daemon_url, pair_name, hardware_key(), token,
                                   buffer_limit=buffer_limit, peak_bandwidth_gbs=peak_bandwidth_gbs())
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--daemon") from None

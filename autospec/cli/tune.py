@@ -89,6 +89,7 @@ def _sweep(study_name, url, n_trials, timeout, trace_paths, workload_path, space
     import optuna
     from tqdm import tqdm
 
+    from autospec.engine.bandwidth import hardware_key
     from autospec.tune import study as studies
     from autospec.tune.export import export_best
     from autospec.tune.objective import tiling_skip_reason, trial_function
@@ -122,7 +123,7 @@ def _sweep(study_name, url, n_trials, timeout, trace_paths, workload_path, space
              ("tpe-discrete" if discrete else "tpe")}
     study = studies.open_study(study_name, studies.make_storage(url, heartbeat), sampler, pruner,
                                {k: v for k, v in attrs.items() if k != "workloads"})
-    provenance = {**attrs, "git_sha": studies.git_sha(), "hardware": studies.hardware()}
+    provenance = {**attrs, "git_sha": studies.git_sha(), "hardware": hardware_key()}
     vocab = _vocab(source) if tiling else 0
     objective = trial_function(space, source, n_trials, provenance, discrete or grid, tiling, vocab)
     click.echo(f"study '{study_name}' in {studies.redact(url)}: {source.kind} on "

@@ -48,6 +48,22 @@ class Trace:
     requests: list[TraceRequest] = field(default_factory=list)
     models: dict = field(default_factory=dict)
 
+    @property
+    def pair(self) -> str | None:
+        """The model-pair key (models.pair.pair_key) the trace was recorded on; None when the
+        trace does not say. Traces recorded before they carried the key name the model
+        directories: the shipped pair's layout (.../target, .../draft) is the reference pair
+        wherever it was installed."""
+        models = self.models or {}
+        if models.get("pair") or not models.get("target"):
+            return models.get("pair")
+        from autospec.models.pair import pair_key
+        target, draft = str(models["target"]), models.get("draft")
+        key = pair_key(target, str(draft) if draft else None)
+        if key != "reference" and (Path(target).name, Path(str(draft)).name) == ("target", "draft"):
+            return "reference"
+        return key
+
     def save(self, path: Path) -> None:
         payload = {"schema_version": SCHEMA_VERSION, "k_max": self.k_max,
                    "costs": {"verify_seconds": self.verify_seconds,

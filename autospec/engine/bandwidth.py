@@ -52,8 +52,12 @@ def _cpu_copy_benchmark() -> float:
     return gbs
 
 
-def hardware_name(device: str = "cpu") -> str:
-    """The store's hardware key: estimates learnt on one machine type are not another's."""
+def hardware_key(device: str = "cpu") -> str:
+    """The one hardware key — serve's telemetry, the daemon's learners, the store's rows,
+    tune's provenance, the report: estimates learnt on one machine type are not another's."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"cuda:{torch.cuda.get_device_name(device)}"
     return f"cpu:{platform.machine()}:{os.cpu_count()}cpu:{torch.get_num_threads()}threads"
+
+
+hardware_name = hardware_key  # deprecated name (one release)

@@ -19,6 +19,17 @@ from autospec.paths import REFERENCE_DIR
 PROBE_TEXT = "def probe(x):\n    return x + 1  # tokenizer probe: ünïcode, tabs\t, 12345\n"
 
 
+def pair_key(target: str, draft: str | None) -> str:
+    """The one model-pair key — serve's telemetry, the daemon's learners, the store's rows,
+    traces, tune's provenance, the report: a named pair's name ("reference", "smollm2"; see
+    autospec/models/pairs.py), else TARGET+DRAFT (TARGET alone without a draft model)."""
+    from autospec.models.pairs import pair_name_for
+    name = pair_name_for(target, draft)
+    if name:
+        return name
+    return f"{target}+{draft}" if draft else target
+
+
 class ModelLoadError(ValueError):
     """A model path or model pair that cannot be used; the message names it."""
 
@@ -35,13 +46,8 @@ class ModelPair:
 
     @property
     def key(self) -> str:
-        """The store's model-pair key: a named pair's name ("reference", "smollm2"; see
-        autospec/models/pairs.py), else target+draft."""
-        from autospec.models.pairs import pair_name_for
-        name = pair_name_for(self.target_name, self.draft_name)
-        if name:
-            return name
-        return f"{self.target_name}+{self.draft_name}" if self.draft_name else self.target_name
+        """The model-pair key (see pair_key)."""
+        return pair_key(self.target_name, self.draft_name)
 
     @property
     def max_positions(self) -> int:

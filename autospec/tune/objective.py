@@ -41,14 +41,6 @@ def load_traces(paths: list[str | Path]) -> list[tuple[str, Trace]]:
     return out
 
 
-def model_pair_name(models: dict) -> str:
-    """'target+draft' by directory name: 'target' and 'draft' for the shipped reference pair."""
-    def short(name):
-        return Path(str(name)).name if name else "none"
-    pair = f"{short(models.get('target'))}+{short(models.get('draft'))}"
-    return "reference" if pair == "target+draft" else pair
-
-
 @dataclass
 class ReplayObjective:
     traces: list[tuple[str, Trace]]
@@ -60,7 +52,7 @@ class ReplayObjective:
         self.available = tuple(sorted({d for _, t in self.traces for d in t.draft_seconds_per_token}))
         self.k_limit = min(t.k_max for _, t in self.traces)
         self.hashes = {p: file_hash(p) for p, _ in self.traces}
-        self.model_pair = ",".join(sorted({model_pair_name(t.models) for _, t in self.traces}))
+        self.model_pair = ",".join(sorted({t.pair or "unknown" for _, t in self.traces}))
 
     @property
     def workload_hash(self) -> str:
@@ -100,7 +92,7 @@ class LiveObjective:
                                if d != "draft-model" or m.draft is not None)
         self.k_limit = 64
         self.hashes = {self.workload_path: file_hash(self.workload_path)}
-        self.model_pair = model_pair_name({"target": m.target_name, "draft": m.draft_name})
+        self.model_pair = m.key
         self.workload_hash = self.hashes[self.workload_path]
         # warm-up, as bench does: first calls pay one-off costs (lazy init, allocator, each
         # drafter's set-up) that are not decoding and would be charged to the first trial

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
-import os
-import platform
 import statistics
 import subprocess
 import time
@@ -210,22 +208,6 @@ def git_sha() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     return "unknown"
-
-
-def hardware() -> str:
-    """One line: the accelerator if any, else the CPU model and core count."""
-    import torch
-    if torch.cuda.is_available():
-        return f"cuda:{torch.cuda.get_device_name(0)}"
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu:{model} x{os.cpu_count()}"
 
 
 def now() -> str:
