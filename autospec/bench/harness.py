@@ -316,7 +316,7 @@ def format_table(report: dict) -> str:
         label = f"{name} ({picked})" if isinstance(picked, str) else name
         lines.append(f"| {label} | " + " | ".join(cells) +
                      f" | {'' if acc is None else f'{acc:.2f}'} | {'' if same is None else same} |")
-    shares = [f"{name} {stats[OVERALL]['policy_share']:.1%}" for name, stats in report["methods"].items()
+    shares = [f"{name} {stats[OVERALL]['controller_share']:.1%}" for name, stats in report["methods"].items()
               if stats[OVERALL].get("controller_share", 0) > 0.001]
     if shares:
         lines += ["", "controller decide + update, share of wall time: " + ", ".join(shares)]
