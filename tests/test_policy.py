@@ -89,7 +89,7 @@ def test_hash_ignores_form_and_provenance_but_not_values():
     ("schema_version: 1\nk_max: 4\nworkloads: {copy-heavy: {k_min: 6}}",
      "workloads.copy-heavy.k_min: k_min 6 is above k_max 4; expected k_min <= k_max"),
     ("schema_version: 1\ndrafters: [ngram, ngarm]",
-     "drafters[1]: unknown drafter 'ngarm' (known: draft-model, early-exit, ngram, synthetic"),
+     "drafters[1]: unknown drafter 'ngarm' (known: draft-model, early-exit, ngram, suffix, synthetic"),
     ("schema_version: 1\npriors: {ngram: {acceptance_mean: 1.0}}",
      "priors.ngram.acceptance_mean: expected a number in (0, 1), got 1.0"),
     ("schema_version: 1\ncontroller: {thompson: 'yes'}",

@@ -82,7 +82,7 @@ def register(name: str):
 
 def _load_builtin_and_plugins() -> None:
     global _entry_points_loaded
-    from autospec.drafters import draft_model, early_exit, ngram, synthetic  # noqa: F401
+    from autospec.drafters import draft_model, early_exit, ngram, suffix, synthetic  # noqa: F401
     if not _entry_points_loaded:
         _entry_points_loaded = True
         for ep in entry_points(group="autospec.drafters"):
