@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from autospec.bench.methods import DERIVED, RunResult, make_runner
+from autospec.method import Method, parse_method
 from autospec.engine.loop import Engine
 
 OVERALL = "overall"
@@ -111,11 +112,13 @@ class Measurements:
     steps: dict = field(default_factory=lambda: defaultdict(list))  # method -> (category, StepRecord)
 
 
-def run_bench(engine: Engine, prompts: list[Prompt], methods: list[str], repeats: int = 1,
+def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str], repeats: int = 1,
               max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
               progress: Callable[[str], None] | None = None) -> dict:
-    measured = [m for m in methods if m not in DERIVED]
-    runners = {m: make_runner(m, engine) for m in measured}
+    methods = [m if isinstance(m, Method) else parse_method(m) for m in methods]
+    # results are keyed by the method as written (the JSON's keys)
+    runners = {m.spec: make_runner(m, engine) for m in methods if m.kind != "oracle"}
+    measured = list(runners)
     tok = engine.models.tokenizer
     encoded = {p.id: prompt_ids(engine, p) for p in prompts}
     limit = engine.models.max_positions
@@ -154,8 +157,9 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[str], repeats
         report["methods"][m] = _stats_for(data.cells[m], categories, repeats, same)
     _add_speedups(report, categories)
     for m in methods:
-        if m in DERIVED:
-            report["methods"][m] = _oracle(report, data, categories, repeats, per_category=m != "oracle")
+        if m.kind == "oracle":
+            report["methods"][m.spec] = _oracle(report, data, categories, repeats,
+                                                per_category=m.baseline != "oracle")
     _add_speedups(report, categories)
     # theory from the static runs only: in adaptive runs deep positions are drafted only when
     # acceptance runs hot, which would bias alpha upwards (acceptance is bursty)

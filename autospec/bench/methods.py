@@ -1,18 +1,7 @@
-"""The methods `autospec bench` can run, each a callable over token ids.
-
-    plain                    our loop, k = 0
-    static:DRAFTER:K         our loop, one drafter, fixed K
-    hf:generate              transformers' own generate() on the same target
-    hf:assisted[:K]          transformers' assisted generation with the same draft model
-    hf:prompt-lookup[:K]     transformers' prompt lookup decoding
-    hf:early-exit[:K]        transformers' self-speculative early exit (same exit layer)
-    adaptive                 our online controller (controller/adaptive.py), learning across
-                             the run's prompts as a serving process would
-    adaptive:POLICY.yaml     the same, with a policy file's parameters (e.g. a tuned one)
-    ctl:fixed[:DRAFTER:K]    baseline controllers (controller/baselines.py), default drafter
-    ctl:hf-heuristic[:DRAFTER]   draft-model; fixed defaults to draft-model:4
-    ctl:ema[:DRAFTER]
-    oracle, oracle-per-category   picked afterwards from the static runs (harness.py)
+"""The runners `autospec bench` measures, one per method (autospec.method parses them):
+our engine loop with a controller (plain, static, adaptive, ctl:) or transformers' own
+generation on the same models (hf:). oracle and oracle-per-category run nothing: harness.py
+picks them afterwards from the static runs.
 
 The hf: peers run with a constant number of draft tokens (no confidence cut-off), so they
 compare with static:*:K at the same K.
@@ -25,13 +14,11 @@ from typing import Callable
 
 import torch
 
-from autospec.controller.adaptive import DEFAULT_DRAFTERS
 from autospec.controller.factory import make_controller
-from autospec.drafters.base import known_drafters
 from autospec.engine.loop import Engine
+from autospec.method import ORACLES, Method, parse_methods  # noqa: F401 (re-exported)
 
-HF_DEFAULT_K = 4
-DERIVED = ("oracle", "oracle-per-category")
+DERIVED = ORACLES  # picked afterwards, not run
 
 
 @dataclass
@@ -47,81 +34,20 @@ class RunResult:
 Runner = Callable[[list[int], int, float, int, str], RunResult]
 
 
-def parse_methods(spec: str) -> list[str]:
-    """Validate a comma-separated method list; errors name the bad method and what is known."""
-    methods = [m.strip() for m in spec.split(",") if m.strip()]
-    if not methods:
-        raise ValueError("no methods given")
-    for m in methods:
-        _validate(m)
-    if "plain" not in methods:
-        methods.insert(0, "plain")  # every speedup is measured against it, in the same run
-    return list(dict.fromkeys(methods))
-
-
-def _validate(method: str) -> None:
-    parts = method.split(":")
-    if method in ("plain", "hf:generate", "adaptive") or method in DERIVED:
-        return
-    if method.startswith("adaptive:"):
-        from autospec.policy import PolicyError, load_policy
-        try:
-            load_policy(method[len("adaptive:"):])
-        except PolicyError as exc:
-            raise ValueError(f"method '{method}': {exc}") from None
-        return
-    if parts[0] == "ctl" and parts[1] in ("fixed", "hf-heuristic", "ema"):
-        if len(parts) > 2 and parts[2] not in known_drafters():
-            raise ValueError(f"unknown drafter '{parts[2]}' in method '{method}' "
-                             f"(known: {', '.join(known_drafters())})")
-        if parts[1] == "fixed" and len(parts) == 4:
-            _k(parts[3], method)
-            return
-        if len(parts) <= 3:
-            return
-    if parts[0] == "static" and len(parts) == 3:
-        if parts[1] not in known_drafters():
-            raise ValueError(f"unknown drafter '{parts[1]}' in method '{method}' "
-                             f"(known: {', '.join(known_drafters())})")
-        _k(parts[2], method)
-        return
-    if parts[0] == "hf" and parts[1] in ("assisted", "prompt-lookup", "early-exit") and len(parts) <= 3:
-        if len(parts) == 3:
-            _k(parts[2], method)
-        return
-    raise ValueError(
-        f"unknown method '{method}' (known: plain, static:DRAFTER:K, adaptive, "
-        f"ctl:fixed[:DRAFTER:K], ctl:hf-heuristic[:DRAFTER], ctl:ema[:DRAFTER], hf:generate, "
-        f"hf:assisted[:K], hf:prompt-lookup[:K], hf:early-exit[:K], oracle, oracle-per-category)")
-
-
-def _k(text: str, method: str) -> int:
-    try:
-        k = int(text)
-    except ValueError:
-        raise ValueError(f"K must be an integer in method '{method}', got '{text}'") from None
-    if k <= 0:
-        raise ValueError(f"K must be >= 1 in method '{method}', got {k}")
-    return k
-
-
-def make_runner(method: str, engine: Engine) -> Runner:
-    parts = method.split(":")
-    if parts[0] != "hf":
-        available = tuple(d for d in DEFAULT_DRAFTERS
-                          if d != "draft-model" or engine.models.draft is not None)
-        return _ours(engine, make_controller(method, available))
-    k = int(parts[2]) if len(parts) == 3 else HF_DEFAULT_K
+def make_runner(method: Method, engine: Engine) -> Runner:
+    if method.is_controller:
+        return _ours(engine, make_controller(method, engine.models.available_drafters()))
     models = engine.models
+    k = method.k
     extra: dict = {}
-    if parts[1] == "assisted":
+    if method.baseline == "assisted":
         if models.draft is None:
             raise ValueError("hf:assisted needs a draft model")
         extra = {"assistant_model": models.draft, "num_assistant_tokens": k,
                  "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
-    elif parts[1] == "prompt-lookup":
+    elif method.baseline == "prompt-lookup":
         extra = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": 4}
-    elif parts[1] == "early-exit":
+    elif method.baseline == "early-exit":
         extra = {"assistant_early_exit": models.default_exit_layer, "num_assistant_tokens": k,
                  "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
     return _hf(engine, extra)

@@ -16,8 +16,6 @@ DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ng
                    "static:early-exit:4,static:early-exit:8,hf:generate,hf:assisted:4,"
                    "hf:prompt-lookup:4,hf:early-exit:4,adaptive,oracle,oracle-per-category")
 
-NEEDS_DRAFT = ("static:draft-model:", "hf:assisted")
-
 
 def default_prompts() -> Path:
     # configs/ is installed as autospec.configs (pyproject's package-dir), so this works
@@ -53,7 +51,7 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
           record_path, record_k_max, pair, target, draft, dtype):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
     from autospec.bench.harness import format_table, load_prompts, run_bench
-    from autospec.bench.methods import parse_methods
+    from autospec.method import parse_methods
     check_pair_args(pair, target, draft)
     try:
         method_list = parse_methods(methods)
@@ -65,12 +63,14 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
         prompts = [p for p in prompts if seen.setdefault(p.category, 0) < limit
                    and not seen.__setitem__(p.category, seen[p.category] + 1)]
     engine = load_engine(target, draft, dtype, pair)
-    if engine.models.draft is None and methods == DEFAULT_METHODS:
+    available = engine.models.available_drafters()
+    skipped = [m for m in method_list if not set(m.needs_drafters) <= set(available)]
+    if skipped and methods == DEFAULT_METHODS:
         # a target-only pair (e.g. smollm2 before its draft ships): the default set without
         # the methods that need a draft model
-        method_list = [m for m in method_list if not m.startswith(NEEDS_DRAFT)]
-        click.echo(f"{engine.models.key} has no draft model: skipping {', '.join(NEEDS_DRAFT)}*",
-                   err=True)
+        method_list = [m for m in method_list if m not in skipped]
+        click.echo(f"{engine.models.key} has no draft model: skipping "
+                   f"{', '.join(map(str, skipped))}", err=True)
     try:
         report = run_bench(engine, prompts, method_list, repeats, max_new_tokens, temperature,
                            seed, progress=lambda m: click.echo(m, err=True))
@@ -86,10 +86,8 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     if record_path:
         if temperature > 0:
             raise click.ClickException("--record needs greedy decoding (--temperature 0)")
-        from autospec.controller.adaptive import DEFAULT_DRAFTERS
         from autospec.controller.trace import record
-        drafters = [d for d in DEFAULT_DRAFTERS if d != "draft-model" or engine.models.draft]
-        trace = record(engine, prompts, drafters, record_k_max, max_new_tokens,
+        trace = record(engine, prompts, list(available), record_k_max, max_new_tokens,
                        progress=lambda m: click.echo(m, err=True))
         trace.save(record_path)
         click.echo(f"wrote trace {record_path}", err=True)

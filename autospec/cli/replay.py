@@ -25,8 +25,8 @@ DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema")
 @trace_pair_option
 def replay(trace_path, controllers, json_path, warm_start, pair):
     """Simulated tokens/s per controller and category, from the trace's recorded costs."""
-    from autospec.bench.methods import parse_methods
     from autospec.controller.trace import Trace
+    from autospec.method import parse_methods
     try:
         trace = Trace.load(trace_path)
         if pair:
@@ -42,8 +42,7 @@ def replay(trace_path, controllers, json_path, warm_start, pair):
         if not controllers:
             controllers = DEFAULT_CONTROLLERS + tuple(
                 f"static:{d}:{k}" for d in drafters for k in (1, 2, 4, 8) if k <= trace.k_max)
-        names = parse_methods(",".join(controllers))
-        results = run_replay(trace, names, drafters)
+        results = run_replay(trace, parse_methods(",".join(controllers)), drafters)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_replay(results))
@@ -58,39 +57,31 @@ def check_trace_pair(trace, path, pair: str) -> None:
         raise ValueError(f"trace '{path}' was recorded on pair '{recorded}', not '{pair}'")
 
 
-def run_replay(trace, names, drafters) -> dict:
+def run_replay(trace, methods, drafters) -> dict:
+    """{method: {category: figures}} for each Method (autospec.method) on the trace."""
     from autospec.controller.factory import make_controller
     from autospec.controller.trace import replay as replay_trace
     out = {}
-    for name in names:
-        for d in _needed(name):
+    for method in methods:
+        for d in method.needs_drafters:
             if d not in trace.draft_seconds_per_token:
-                raise ValueError(f"controller '{name}' needs drafter '{d}', which the trace did "
+                raise ValueError(f"controller '{method}' needs drafter '{d}', which the trace did "
                                  f"not record (recorded: {', '.join(drafters)})")
-        records = replay_trace(trace, make_controller(name, drafters))
+        records = replay_trace(trace, make_controller(method, drafters))
         by_cat = defaultdict(lambda: [0, 0.0, 0])
         for r in records:
             for key in (r.workload, "overall"):
                 by_cat[key][0] += r.output_tokens
                 by_cat[key][1] += r.wall_seconds
                 by_cat[key][2] += r.steps
-        out[name] = {c: {"tokens_per_s": t / s, "tokens": t, "simulated_s": s,
-                         "mean_accepted_length": t / n} for c, (t, s, n) in by_cat.items()}
+        out[method.spec] = {c: {"tokens_per_s": t / s, "tokens": t, "simulated_s": s,
+                                "mean_accepted_length": t / n} for c, (t, s, n) in by_cat.items()}
     plain = out.get("plain")
     if plain:
         for stats in out.values():
             for c, s in stats.items():
                 s["speedup_vs_plain"] = s["tokens_per_s"] / plain[c]["tokens_per_s"]
     return out
-
-
-def _needed(name: str) -> list[str]:
-    parts = name.split(":")
-    if parts[0] == "static":
-        return [parts[1]]
-    if parts[0] == "ctl":
-        return [parts[2] if len(parts) > 2 else "draft-model"]
-    return []
 
 
 def format_replay(results: dict) -> str:

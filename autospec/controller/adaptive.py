@@ -30,11 +30,10 @@ import numpy as np
 from autospec.controller.decide import PLAIN, decide_step
 from autospec.configcheck import knob
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
-from autospec.drafters.base import drafter_class
+from autospec.drafters.base import DEFAULT_DRAFTERS, drafter_class
 from autospec.drafters.ngram import NgramIndex
 from autospec.telemetry import POOLED, UNLABELLED, StepRecord
 
-DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
 K_LIMIT = 64  # past this a draft costs more to verify than any acceptance rate repays
 MIN_HOT_EVIDENCE = 1.0  # (discounted) drafts after a full accept before that estimate is used
 SWITCH_HORIZON = 8  # rounds over which a drafter's start-up (cache prefill) is spread

@@ -50,10 +50,15 @@ class Verified:
     emitted: list[int] = field(default_factory=list)  # accepted drafts + bonus/recovered token
 
 
+# The built-in drafters a controller may pick, in its default order (synthetic is for tests).
+DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
+
+
 class Drafter(ABC):
     name: str = "?"
     # Guess of (seconds per drafted token) / (seconds per target step), before measurements.
     cost_hint: float = 0.1
+    needs_draft_model: bool = False  # runs only on a pair that has a draft model
 
     def reset(self) -> None:
         """Forget per-request state (called once before a request's first step)."""

@@ -71,6 +71,7 @@ class CachedLMDrafter(Drafter):
 @register("draft-model")
 class DraftModelDrafter(CachedLMDrafter):
     cost_hint = 0.2
+    needs_draft_model = True
 
     def __init__(self, models):
         if models.draft is None:

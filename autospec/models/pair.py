@@ -49,6 +49,13 @@ class ModelPair:
         """The model-pair key (see pair_key)."""
         return pair_key(self.target_name, self.draft_name)
 
+    def available_drafters(self, candidates: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        """The drafters this pair can run, of `candidates` (default: the built-in ones, in the
+        controller's order): all but those that need a draft model when it has none."""
+        from autospec.drafters.base import DEFAULT_DRAFTERS, drafter_class
+        return tuple(d for d in (DEFAULT_DRAFTERS if candidates is None else candidates)
+                     if self.draft is not None or not drafter_class(d).needs_draft_model)
+
     @property
     def max_positions(self) -> int:
         cfg = self.target.config

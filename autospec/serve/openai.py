@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from autospec.drafters.base import known_drafters
+from autospec.method import Method
+from autospec.method import parse_method as parse_method_text
 from autospec.models.chat import ChatError, check_messages
 from autospec.telemetry import RequestRecord
 
@@ -51,7 +53,7 @@ class Completion:
     top_k: int
     seed: int
     stream: bool
-    method: str  # "adaptive" | "plain" | "static:DRAFTER:K"
+    method: Method  # kind "adaptive" | "plain" | "static"
     workload: str | None
     model: str
     messages: tuple[dict, ...] | None = None  # a chat request (/v1/chat/completions)
@@ -68,15 +70,17 @@ def _number(payload: dict, name: str, default, lo: float, hi: float, integer: bo
     return value
 
 
-def parse_method(method) -> str:
-    if method in ("adaptive", "plain"):
+def parse_method(text) -> Method:
+    """The methods a request may ask for: adaptive, plain, static:DRAFTER:K."""
+    try:
+        method = parse_method_text(text)
+    except ValueError:
+        method = None
+    if method is not None and method.kind in ("adaptive", "plain", "static") \
+            and method.policy_path is None:
         return method
-    parts = method.split(":") if isinstance(method, str) else []
-    if len(parts) == 3 and parts[0] == "static" and parts[1] in known_drafters():
-        if parts[2].isdigit() and int(parts[2]) >= 1:
-            return method
     raise InvalidRequest(f"autospec.method: expected adaptive, plain or static:DRAFTER:K "
-                         f"(DRAFTER in {', '.join(known_drafters())}, K >= 1), got {method!r}",
+                         f"(DRAFTER in {', '.join(known_drafters())}, K >= 1), got {text!r}",
                          "autospec.method")
 
 

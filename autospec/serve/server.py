@@ -19,10 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from autospec.controller.adaptive import DEFAULT_DRAFTERS, AdaptiveController, ControllerSettings
+from autospec.controller.adaptive import AdaptiveController, ControllerSettings
+from autospec.controller.factory import make_controller
 from autospec.daemon.client import DaemonClient
 from autospec.daemon.service import stop_on_signals
-from autospec.engine.loop import Engine, Generation, StaticController
+from autospec.engine.loop import Engine, Generation
 from autospec.models.chat import ChatError, encode_chat
 from autospec.policy import parameters_from_dict
 from autospec.serve import openai
@@ -65,8 +66,7 @@ class Server:
         self.params_interval = params_interval
         self.max_tokens_limit = max_tokens_limit or engine.models.max_positions
         self.decode = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autospec-decode")
-        self.available = tuple(d for d in DEFAULT_DRAFTERS
-                               if d != "draft-model" or engine.models.draft is not None)
+        self.available = engine.models.available_drafters()
         self.params: dict | None = None  # the last GET /v1/params answer
         self.controllers: dict[str | None, AdaptiveController] = {}
         self.served = 0
@@ -105,16 +105,14 @@ class Server:
         return dataclasses.replace(req, prompt=ids)
 
     def generate(self, req: openai.Completion, on_text) -> Generation:
-        if req.method == "adaptive":
+        method = req.method
+        if method.kind == "adaptive":
             controller = self.controller(req.workload)
-        elif req.method == "plain":
-            controller = StaticController(None, 0)
         else:
-            _, drafter, k = req.method.split(":")
-            if drafter not in self.available and drafter != "synthetic":
-                raise openai.InvalidRequest(f"autospec.method: drafter {drafter!r} is not "
+            if method.drafter not in (None, "synthetic", *self.available):
+                raise openai.InvalidRequest(f"autospec.method: drafter {method.drafter!r} is not "
                                             f"available here (have: {', '.join(self.available)})")
-            controller = StaticController(drafter, int(k))
+            controller = make_controller(method)
         text = TextStream(self.engine.models.tokenizer) if on_text else None
         callback = (lambda tokens: on_text(text.add(tokens))) if on_text else None
         generation = self.engine.generate(
@@ -146,7 +144,7 @@ class Server:
                 req = await loop.run_in_executor(self.decode, self.render, req)
         except openai.InvalidRequest as exc:
             return _error(400, str(exc), exc.param)
-        respond = openai.Responder(req.messages is not None, self.model_name, req.method)
+        respond = openai.Responder(req.messages is not None, self.model_name, str(req.method))
         if not req.stream:
             generation = await self._run(loop, req, None)
             if isinstance(generation, web.Response):

@@ -88,8 +88,7 @@ class LiveObjective:
         from autospec.bench.harness import prompt_ids
         m = self.engine.models
         self.ids = [prompt_ids(self.engine, p) for p in self.prompts]  # chat rows rendered
-        self.available = tuple(d for d in ("ngram", "draft-model", "early-exit")
-                               if d != "draft-model" or m.draft is not None)
+        self.available = m.available_drafters()
         self.k_limit = 64
         self.hashes = {self.workload_path: file_hash(self.workload_path)}
         self.model_pair = m.key

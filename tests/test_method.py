@@ -1,0 +1,72 @@
+"""Methods are parsed once, into values; errors name the method and what is accepted."""
+from pathlib import Path
+
+import pytest
+
+from autospec.controller.factory import make_controller
+from autospec.method import Method, parse_method, parse_methods
+
+POLICY = Path(__file__).resolve().parents[1] / "policies" / "mixed.yaml"
+
+
+@pytest.mark.parametrize("text, fields", [
+    ("plain", ("plain", None, None, None)),
+    ("static:ngram:4", ("static", "ngram", 4, None)),
+    ("adaptive", ("adaptive", None, None, None)),
+    ("ctl:fixed", ("ctl", "draft-model", 4, "fixed")),
+    ("ctl:fixed:ngram:3", ("ctl", "ngram", 3, "fixed")),
+    ("ctl:hf-heuristic:ngram", ("ctl", "ngram", None, "hf-heuristic")),
+    ("ctl:ema", ("ctl", "draft-model", None, "ema")),
+    ("hf:generate", ("hf", None, None, "generate")),
+    ("hf:assisted", ("hf", None, 4, "assisted")),
+    ("hf:prompt-lookup:2", ("hf", None, 2, "prompt-lookup")),
+    ("oracle-per-category", ("oracle", None, None, "oracle-per-category")),
+])
+def test_a_method_is_parsed_into_its_fields(text, fields):
+    method = parse_method(text)
+    assert (method.kind, method.drafter, method.k, method.baseline) == fields
+    assert str(method) == text
+
+
+def test_a_policy_file_is_read_once_when_parsed(monkeypatch):
+    import autospec.policy as policy
+    reads = []
+    load = policy.load_policy
+    monkeypatch.setattr(policy, "load_policy", lambda path: reads.append(path) or load(path))
+    method = parse_method(f"adaptive:{POLICY}")
+    controller = make_controller(method, ("ngram",))
+    assert reads == [str(POLICY)]
+    assert method.policy_path == str(POLICY) and controller.settings == method.settings
+    assert controller.settings.k_max == 7
+
+
+@pytest.mark.parametrize("text, error", [
+    ("fast", "unknown method 'fast' (known: plain, static:DRAFTER:K"),
+    ("static:ngarm:4", "unknown drafter 'ngarm' in method 'static:ngarm:4' (known: "),
+    ("static:ngram:0", "K must be >= 1 in method 'static:ngram:0', got 0"),
+    ("hf:assisted:x", "K must be an integer in method 'hf:assisted:x', got 'x'"),
+    ("adaptive:nope.yaml", "method 'adaptive:nope.yaml': nope.yaml: cannot read"),
+])
+def test_bad_methods_name_the_method(text, error):
+    with pytest.raises(ValueError) as err:
+        parse_method(text)
+    assert error in str(err.value)
+
+
+def test_method_lists_start_with_plain_once():
+    assert [str(m) for m in parse_methods("static:ngram:4, plain,static:ngram:4")] == \
+        ["static:ngram:4", "plain"]
+    assert [str(m) for m in parse_methods("adaptive")] == ["plain", "adaptive"]
+    assert isinstance(parse_methods("plain")[0], Method)
+
+
+def test_only_controllers_are_made():
+    with pytest.raises(ValueError, match="method 'hf:generate' is not a controller"):
+        make_controller("hf:generate")
+
+
+def test_available_drafters_need_a_draft_model_only_for_draft_model(tiny_pair):
+    import dataclasses
+    assert tiny_pair.available_drafters() == ("ngram", "draft-model", "early-exit")
+    target_only = dataclasses.replace(tiny_pair, draft=None, draft_name=None)
+    assert target_only.available_drafters() == ("ngram", "early-exit")
