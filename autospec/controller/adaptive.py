@@ -73,6 +73,12 @@ class ControllerSettings:
     seed: int = knob(0, "Thompson sampling's random seed", "int", low=0, tunable=False)
     regimes: bool = knob(True, "keep separate estimates for the steps right after a fully "
                                "accepted draft (acceptance is bursty)", "bool")
+    # no lock-in (issue 14): see CostModel
+    cost_warmup: bool = knob(False, "keep the first forward of each size out of the verify-cost "
+                                    "fit (allocation, not cost)", "bool")
+    cost_stale_steps: int = knob(0, "forwards without a drafted one after which the verify "
+                                    "line's slope is trusted less, reaching the flat prior after "
+                                    "as many again (0: never)", "int", low=0, high=1024)
     # 0 and 1 would be certainties: a Beta prior with that mean cannot be moved by evidence
     prior_means: Mapping[str, float] = knob(
         dict, f"acceptance mean per drafter before any evidence (unset: {DEFAULT_PRIOR_MEAN})",
@@ -116,7 +122,7 @@ class AdaptiveController:
     def __post_init__(self):
         s = self.settings
         self.drafters = tuple(d for d in s.drafters if self.available is None or d in self.available)
-        self.costs = CostModel(s.k_max)
+        self.costs = CostModel(s.k_max, warmup=s.cost_warmup, stale_after=s.cost_stale_steps)
         self.priors: dict[str, dict[str, AcceptanceEstimate]] = {}
         # per-step outcomes not yet folded into the pooled per-workload estimates: those are
         # read only when a request starts (or a snapshot is taken), so they are updated then,

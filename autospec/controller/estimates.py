@@ -113,10 +113,22 @@ class CostModel:
     over every step (all sizes inform one line, so rarely used K are never stale). An
     observation over 3x the current prediction (a cold start, a hiccup) is clipped."""
 
-    def __init__(self, k_max: int, smoothing: float = 0.1, forgetting: float = 0.98):
+    def __init__(self, k_max: int, smoothing: float = 0.1, forgetting: float = 0.98,
+                 warmup: bool = False, stale_after: int = 0):
         self.k_max = k_max
         self.smoothing = smoothing
         self.forgetting = forgetting
+        # No lock-in (issue 14). The first forward of each size pays for allocation and
+        # kernel selection, not for the size: with `warmup` it stays out of the fit. And the
+        # line's slope is learnt only from forwards with K > 0: once none has run for
+        # `stale_after` steps (the controller chose plain decoding throughout), the slope is
+        # trusted less and less and falls to 0 — the memory-bound prior — over as many steps
+        # again, so a slope that one slow early forward made too steep cannot keep K = 0
+        # forever: drafting looks cheap again, is tried, and the real slope is measured.
+        self.warmup = warmup
+        self.stale_after = stale_after
+        self._warm: set[int] = set()  # forward sizes (K) seen once
+        self._since_drafted = 0  # verify forwards since the last one with K > 0
         self.draft: dict[str, float] = {}
         self.prefill: dict[str, float] = {}  # drafter -> seconds per context token at start-up
         self._sums = np.zeros(5)  # discounted sum of w, x, x^2, y, x*y
@@ -146,6 +158,10 @@ class CostModel:
 
     def observe_verify(self, verify_tokens: int, seconds: float) -> None:
         k = verify_tokens - 1
+        if self.warmup and k not in self._warm:
+            self._warm.add(k)
+            return
+        self._since_drafted = 0 if k > 0 else self._since_drafted + 1
         if self.observed >= 5:
             seconds = min(seconds, 3 * float(self.verify_seconds()[min(k, self.k_max)]))
         self._sums *= self.forgetting
@@ -209,6 +225,10 @@ class CostModel:
         var = xx / w - mean_x ** 2
         # one size seen so far: assume a memory-bound (flat) forward, the optimistic prior
         slope = max(0.0, (xy / w - mean_x * mean_y) / var) if var > 1e-9 else 0.0
+        if self.stale_after and self._since_drafted > self.stale_after:
+            # a stale slope is trusted less and less (see __init__); the line still passes
+            # through the mean of what was observed, which recent plain steps dominate
+            slope *= max(0.0, 2.0 - self._since_drafted / self.stale_after)
         base = max(mean_y - slope * mean_x, 1e-6)
         return base + slope * self._sizes
 

@@ -1,0 +1,76 @@
+"""The controller does not lock a workload into plain decoding (issue 14).
+
+A copy-heavy request (every n-gram proposal right) whose first drafted forwards are slow — a
+cold start, an allocation, a noisy neighbour — must still reach n-gram with K > 1 within a
+bounded number of steps. Before the fix, those forwards fixed the verify line's slope and
+K = 0 ran forever: plain steps never measure a slope, so nothing corrected it.
+"""
+from autospec.controller.adaptive import AdaptiveController, ControllerSettings
+from autospec.controller.estimates import CostModel
+from autospec.controller.trace import SimRequest
+from autospec.telemetry import StepRecord
+
+PERIOD = list(range(100, 140))  # a 40-token cycle: the prompt holds it twice, the output repeats it
+
+
+def true_verify_seconds(k: int) -> float:
+    return 0.010 + 0.0004 * k  # a memory-bound forward: nearly flat in K
+
+
+def run(controller, steps: int = 600, slow_forwards: int = 3, slowdown: float = 20.0):
+    """Drive `controller` over one long copy-heavy request; the first `slow_forwards` drafted
+    forwards cost `slowdown` times their true price. Returns the (drafter, k) of each step."""
+    request = SimRequest("r", PERIOD * 2, 2 * len(PERIOD), "copy-heavy")
+    slow_left, chosen = slow_forwards, []
+    for step in range(steps):
+        drafter, k = controller.decide(request)
+        k = k if drafter else 0
+        seconds = true_verify_seconds(k)
+        if k and slow_left:
+            seconds, slow_left = seconds * slowdown, slow_left - 1
+        context = len(request.tokens) - 1
+        # the target's output continues the cycle, so an n-gram draft of length k is all right
+        emitted = [PERIOD[(len(request.tokens) + i) % len(PERIOD)] for i in range(k + 1)]
+        request.tokens.extend(emitted)
+        controller.update(StepRecord("r", step, drafter or "none", k, k, k, k + 1,
+                                     1e-5 * k, seconds, k + 1, context, 0, 0.0), request)
+        chosen.append((drafter, k))
+    return chosen
+
+
+def settings(**knobs):
+    return ControllerSettings(drafters=("ngram",), **{"cost_warmup": True, "cost_stale_steps": 64, **knobs})
+
+
+def test_slow_first_forwards_do_not_lock_in_plain_decoding():
+    chosen = run(AdaptiveController(settings()))
+    first = next((i for i, (d, k) in enumerate(chosen) if d == "ngram" and k > 1), None)
+    assert first is not None and first <= 200, first
+    late = chosen[-100:]
+    assert sum(d == "ngram" and k > 1 for d, k in late) >= 90, late[:10]
+
+
+def test_the_premise_without_the_fix_it_locks_in():
+    """The same run with warm-up and staleness switched off: plain decoding for good (this is
+    the bug the test above guards against; if this stops failing to draft, the test above no
+    longer tests anything)."""
+    late = run(AdaptiveController(settings(cost_warmup=False, cost_stale_steps=0)))[-100:]
+    assert sum(k == 0 for _, k in late) >= 90
+
+
+def test_cost_model_warmup_and_staleness():
+    costs = CostModel(8, warmup=True, stale_after=10)
+    costs.observe_verify(1, 5.0)  # the first forward of its size: kept out of the fit
+    assert costs.observed == 0
+    costs.observe_verify(1, 0.01)
+    costs.observe_verify(5, 9.9)  # first K = 4: out
+    costs.observe_verify(5, 0.5)  # slow, but in: the slope is now steep
+    steep = costs.verify_seconds()
+    assert steep[4] > 10 * steep[0]
+    for _ in range(10):
+        costs.observe_verify(1, 0.01)
+    assert costs.verify_seconds()[4] > 5 * costs.verify_seconds()[0]  # 10 plain: still trusted
+    for _ in range(10):  # 20 plain forwards since the last drafted one: the slope has gone
+        costs.observe_verify(1, 0.01)
+    flat = costs.verify_seconds()
+    assert flat[4] == flat[0]
