@@ -31,6 +31,9 @@ def tiny_dir(tmp_path_factory):
         from autospec.models.build import build
         build("tiny", out_dir=root / "tiny", quiet=True, log=lambda m: None)
     finally:
+        # training takes every core; the suite's small models run faster on one (a test
+        # after the build ran 7x slower with two threads on a loaded 2-core machine)
+        torch.set_num_threads(1)
         if old is None:
             os.environ.pop("AUTOSPEC_CACHE", None)
         else:
