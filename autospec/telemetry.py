@@ -149,19 +149,25 @@ def _from_dict(cls, raw: dict):
     return cls(**raw)
 
 
+def acceptance_per_position(steps: list[StepRecord]) -> list[float]:
+    """[P(draft position j+1 accepted | it was proposed)] over `steps`, j = 0..longest draft-1:
+    the one count behind RequestRecord.acceptance_per_position and bench's measured alpha."""
+    longest = max((s.proposed for s in steps), default=0)
+    tried = [0] * longest
+    kept = [0] * longest
+    for s in steps:
+        for j in range(s.proposed):
+            tried[j] += 1
+            kept[j] += j < s.accepted
+    return [kp / tr for kp, tr in zip(kept, tried)]
+
+
 def summarise(request_id: str, prompt_tokens: int, steps: list[StepRecord], wall_seconds: float,
               workload: str | None = None, finish_reason: str = "length") -> RequestRecord:
     """Fold a request's step records into its RequestRecord."""
     output_tokens = sum(s.emitted for s in steps)
     proposed = sum(s.proposed for s in steps)
     accepted = sum(s.accepted for s in steps)
-    max_k = max((s.proposed for s in steps), default=0)
-    tried = [0] * max_k
-    kept = [0] * max_k
-    for s in steps:
-        for j in range(s.proposed):
-            tried[j] += 1
-            kept[j] += j < s.accepted
     shares: dict[str, float] = {}
     for s in steps:
         shares[s.drafter] = shares.get(s.drafter, 0) + 1 / len(steps)
@@ -177,7 +183,7 @@ def summarise(request_id: str, prompt_tokens: int, steps: list[StepRecord], wall
         accepted=accepted,
         acceptance_rate=accepted / proposed if proposed else 0.0,
         mean_accepted_length=output_tokens / len(steps) if steps else 0.0,
-        acceptance_per_position=[kp / tr for kp, tr in zip(kept, tried)],
+        acceptance_per_position=acceptance_per_position(steps),
         drafter_shares=shares,
         draft_seconds=draft_s,
         verify_seconds=verify_s,

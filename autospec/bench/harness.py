@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from autospec.bench.methods import DERIVED, RunResult, make_runner
-from autospec.method import Method, parse_method
+from autospec.controller.formulas import speedup
 from autospec.engine.loop import Engine
+from autospec.method import Method, parse_method
+from autospec.telemetry import acceptance_per_position
 
 OVERALL = "overall"
 
@@ -245,47 +248,47 @@ def measure_costs(data: Measurements, engine: Engine) -> dict:
     t1 = statistics.median(s.verify_seconds for s in plain_steps) if plain_steps else None
     verify_by_tokens: dict[int, list[float]] = defaultdict(list)
     draft_per_token: dict[str, list[float]] = defaultdict(list)
-    alpha: dict[str, dict] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    drafted: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for method, steps in data.steps.items():
         for category, s in steps:
             verify_by_tokens[s.verify_tokens].append(s.verify_seconds)
             if s.proposed:
                 draft_per_token[s.drafter].append(s.draft_seconds / s.proposed)
-                for j in range(s.proposed):
-                    cell = alpha[s.drafter][(category, j)]
-                    cell[0] += j < s.accepted
-                    cell[1] += 1
+                drafted[s.drafter][category].append(s)
     out = {"target_step_seconds": t1, "v": {}, "c": {}, "alpha": {}}
     if t1:
         out["v"] = {str(n - 1): statistics.median(v) / t1 for n, v in sorted(verify_by_tokens.items())}
         out["c"] = {d: statistics.median(v) / t1 for d, v in sorted(draft_per_token.items())}
-    for drafter, cells in alpha.items():
-        per_cat: dict[str, list] = defaultdict(list)
-        for (category, j), (kept, tried) in sorted(cells.items(), key=lambda kv: kv[0][1]):
-            per_cat[category].append(round(kept / tried, 4))
-        out["alpha"][drafter] = dict(per_cat)
+    for drafter, per_category in drafted.items():
+        out["alpha"][drafter] = {category: [round(a, 4) for a in acceptance_per_position(steps)]
+                                 for category, steps in per_category.items()}
     return out
 
 
 def theoretical_best(measured: dict) -> dict:
     """S(K*) per category from the run's own measurements: max over drafters and K of
-    E(K) / (c K + v(K)), E(K) = 1 + sum_{j<K} P(position j accepted | proposed) (the measured
-    alpha is already cumulative over positions), c and v(K) in plain steps. The speedup a
-    perfect static choice would get if acceptance did not depend on K."""
+    controller.formulas.speedup, c and v(K) in plain steps. The measured alpha is
+    P(position j accepted | proposed), cumulative over positions; formulas take it
+    conditional on the earlier positions, hence the ratios. The speedup a perfect static
+    choice would get if acceptance did not depend on K."""
     v, c = measured.get("v") or {}, measured.get("c") or {}
+    verify = [1.0]  # v(0) = a plain step
+    while str(len(verify)) in v:
+        verify.append(v[str(len(verify))])
     best: dict[str, dict] = {}
     for drafter, per_cat in (measured.get("alpha") or {}).items():
         if drafter not in c:
             continue
         for category, kept in per_cat.items():
-            expected = 1.0
-            for k, p in enumerate(kept, 1):
-                expected += p
-                if str(k) not in v:
-                    break
-                rate = expected / (c[drafter] * k + v[str(k)])
-                if rate > best.get(category, {}).get("speedup", 0.0):
-                    best[category] = {"drafter": drafter, "k": k, "speedup": rate}
+            kept = np.asarray(kept[:len(verify) - 1], float)
+            if not len(kept):
+                continue
+            earlier = np.concatenate([[1.0], kept[:-1]])
+            conditional = np.divide(kept, earlier, out=np.zeros_like(kept), where=earlier > 0)
+            rates = speedup(conditional, c[drafter], np.array(verify[:len(kept) + 1]))[1:]
+            k = int(np.argmax(rates)) + 1
+            if rates[k - 1] > best.get(category, {}).get("speedup", 0.0):
+                best[category] = {"drafter": drafter, "k": k, "speedup": float(rates[k - 1])}
     return best
 
 

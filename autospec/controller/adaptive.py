@@ -31,6 +31,7 @@ from autospec.controller.decide import PLAIN, decide_step
 from autospec.configcheck import knob
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
 from autospec.drafters.base import DEFAULT_DRAFTERS, drafter_class
+from autospec.engine.accept import agreeing_prefix
 from autospec.drafters.ngram import NgramIndex
 from autospec.telemetry import POOLED, UNLABELLED, StepRecord
 
@@ -290,11 +291,7 @@ class AdaptiveController:
             proposal = state.ngram.propose(self.settings.k_max)
         if not proposal:
             return None  # nothing to draft: the decision rules n-gram out of such steps
-        matched = 0
-        for drafted, actual in zip(proposal, verified):
-            if drafted != actual:
-                break
-            matched += 1
+        matched = agreeing_prefix(proposal, verified)
         if matched == len(verified):  # censored: everything we can check was right
             return matched, matched
         return len(proposal), matched

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from autospec.drafters.base import DraftContext, create_drafter
+from autospec.engine.accept import agreeing_prefix
 from autospec.engine.kv import cached_forward, new_cache, rollback
 from autospec.engine.loop import Controller, Engine, StaticController
 from autospec.engine.sampling import SamplingParams
@@ -111,12 +112,7 @@ def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
                 draft = drafter.propose(DraftContext(tokens, SamplingParams()), k_max)
                 if draft.tokens:
                     draft_times[name].append((time.perf_counter() - t0) / len(draft.tokens))
-                agree = 0
-                for drafted, actual in zip(draft.tokens, output[t:]):
-                    if drafted != actual:
-                        break
-                    agree += 1
-                counts.append(agree)
+                counts.append(agreeing_prefix(draft.tokens, output[t:t + len(draft.tokens)]))
             match[name] = counts
         requests.append(TraceRequest(p.id, p.category, ids, output, match))
         if progress:

@@ -8,21 +8,13 @@ are both fed — the cache never has a hole (gpt-fast's fix, done lazily).
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from autospec.drafters.base import Draft, DraftContext, Drafter, register
+from autospec.engine.accept import agreeing_prefix
 from autospec.engine.kv import cache_kwarg, cached_forward, new_cache, rollback
 from autospec.engine.sampling import probs_from_logits, sample
 from autospec.models.pair import kv_bytes_per_token, weight_bytes
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0 or a[:n] == b[:n]:  # the usual case, one C-level list compare
-        return n
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if len(diff) else n
 
 
 class CachedLMDrafter(Drafter):
@@ -48,7 +40,7 @@ class CachedLMDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        keep = min(common_prefix(self.fed, ctx.tokens), len(ctx.tokens) - 1)
+        keep = min(agreeing_prefix(self.fed, ctx.tokens), len(ctx.tokens) - 1)
         rollback(self.cache, keep)
         pending = ctx.tokens[keep:]
         self.fed = self.fed[:keep] + pending

@@ -6,7 +6,27 @@ first rejection. So a round emits accepted + 1 tokens, and plain decoding is k =
 """
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
 import torch
+
+
+def agreeing_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences — how many drafted tokens
+    the target's own tokens confirm. The one definition: greedy acceptance, the controller's
+    n-gram counterfactual, trace recording, a drafter's cache against the context."""
+    n = min(len(a), len(b))
+    a, b = a[:n], b[:n]
+    if a == b:  # the usual case for a cache, one C-level compare
+        return n
+    if n <= 64:  # a draft: a Python loop beats building arrays
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return i
+        return n  # equal elements in sequences of different types (a tuple and a list)
+    diff = np.flatnonzero(np.asarray(a) != np.asarray(b))
+    return int(diff[0]) if len(diff) else n
 
 
 def greedy_accept(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
@@ -15,11 +35,7 @@ def greedy_accept(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple
     draft_tokens: k ids. target_logits: (k+1, V), row i scores the token after position i.
     """
     target_tokens = target_logits.argmax(-1).tolist()  # (k+1,)
-    accepted = 0
-    for drafted, wanted in zip(draft_tokens, target_tokens):
-        if drafted != wanted:
-            break
-        accepted += 1
+    accepted = agreeing_prefix(draft_tokens, target_tokens)
     return accepted, target_tokens[accepted]
 
 
