@@ -80,7 +80,28 @@ def test_adaptive_output_is_identical_to_plain(tiny_engine):
         plain = tiny_engine.generate(prompt, drafter=None, max_new_tokens=30)
         out = tiny_engine.generate(prompt, controller=ctl, max_new_tokens=30)
         assert out.token_ids == plain.token_ids
-        assert out.telemetry.controller_seconds > 0
+
+
+def test_controller_seconds_are_the_time_in_decide_and_update(tiny_engine):
+    """The engine times the controller's decide + update per step (not draft or verify)."""
+    import time
+
+    from autospec.engine.loop import StaticController
+
+    class Slow(StaticController):
+        def decide(self, request):
+            time.sleep(0.002)
+            return super().decide(request)
+
+        def update(self, record, request):
+            time.sleep(0.001)
+
+    out = tiny_engine.generate("x = 1\n", controller=Slow("ngram", 2), max_new_tokens=6)
+    steps = out.telemetry.step_records
+    assert all(s.controller_seconds >= 0.003 for s in steps)
+    fast = tiny_engine.generate("x = 1\n", drafter="ngram", k=2, max_new_tokens=6)
+    assert np.median([s.controller_seconds for s in fast.telemetry.step_records]) < 0.003
+    assert out.telemetry.controller_seconds == pytest.approx(sum(s.controller_seconds for s in steps))
 
 
 def test_decide_step_on_arrays():

@@ -1,9 +1,8 @@
 """`autospec report`: numbers by hand on a small store, valid PNGs, clear failures."""
 
 import pytest
-from click.testing import CliRunner
+from clirun import error_line, invoke
 
-from autospec.cli import main
 from autospec.report.stats import (PLAIN, drafter_speeds, mean_k, rolling_mean,
                                    summarise_workloads)
 from autospec.store import StepAggregate, open_store
@@ -62,9 +61,7 @@ def filled(url):
 
 
 def run(*args, **env):
-    result = CliRunner().invoke(main, ["report", *args], env=env)
-    assert "Traceback" not in result.output, result.output
-    return result
+    return invoke(["report", *args], env=env)
 
 
 # -- pure functions ---------------------------------------------------------------------------
@@ -170,11 +167,11 @@ def test_bad_store_url_is_one_line(tmp_path, db, message):
     result = run("--db", db, "--out", str(tmp_path / "report"))
     assert result.exit_code == 1
     assert result.output.startswith("Error: store ") and result.output.strip().count("\n") == 0
-    assert message in result.output
+    assert message in error_line(result) and db.split("///")[-1] in error_line(result)
     assert not (tmp_path / "missing.db").exists()  # a typo leaves no new store behind
 
 
 def test_bad_peak_is_refused(filled, tmp_path):
     result = run("--db", filled, "--out", str(tmp_path / "r"), "--peak-gbs", "0")
     assert result.exit_code == 2
-    assert "must be > 0 GB/s, got 0.0" in result.output
+    assert "must be > 0 GB/s, got 0.0" in error_line(result)

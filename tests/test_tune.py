@@ -15,9 +15,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-from click.testing import CliRunner
+from clirun import error_line, invoke
 
-from autospec.cli import main
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.trace import Trace, replay
 from autospec.policy import load_policy
@@ -152,9 +151,8 @@ def test_pruner_compares_running_values_step_by_step():
 def test_export_validates_differs_from_default_and_changes_replay(tmp_path, env, monkeypatch):
     monkeypatch.setenv("AUTOSPEC_DATA", env["AUTOSPEC_DATA"])
     out = tmp_path / "policies" / "tuned.yaml"
-    result = CliRunner().invoke(main, ["tune", "--study", "exp", "--trace", str(TRACE),
-                                       "--space", SMALL, "--trials", "12", "--seed", "3",
-                                       "--quiet", "--export", str(out)])
+    result = invoke(["tune", "--study", "exp", "--trace", str(TRACE), "--space", SMALL,
+                     "--trials", "12", "--seed", "3", "--quiet", "--export", str(out)])
     assert result.exit_code == 0, result.output
     assert "| trial | state | tok/s |" in result.output
     policy = load_policy(out)
@@ -177,7 +175,7 @@ def test_export_validates_differs_from_default_and_changes_replay(tmp_path, env,
     trials = optuna.load_study(study_name="exp", storage=default_url()).trials
     for trial in trials:
         assert {"git_sha", "policy_hash", "model_pair", "hardware", "workload_hash"} <= set(trial.user_attrs)
-    shown = CliRunner().invoke(main, ["tune", "--show", "exp"])
+    shown = invoke(["tune", "--show", "exp"])
     assert shown.exit_code == 0
     assert shown.output.count("| complete |") + shown.output.count("| pruned |") == 12
 
@@ -276,8 +274,5 @@ def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, args, message):
     space = tmp_path / "space.yaml"
     space.write_text("schema_version: 1\ncontroller: {discont: {low: 0.9, high: 0.99}}\n")
     args = [str(space) if a == "SPACE" else a for a in args]
-    result = CliRunner().invoke(main, ["tune", *args])
-    assert result.exit_code != 0
-    assert "Traceback" not in result.output
-    errors = [ln for ln in result.output.splitlines() if ln.startswith("Error:")]
-    assert len(errors) == 1 and message in errors[0], result.output
+    result = invoke(["tune", *args])
+    assert message in error_line(result)
