@@ -111,26 +111,6 @@ def text(where: str, value: Any) -> str:
     return value
 
 
-def drafter(where: str, value: Any) -> str:
-    from autospec.drafters.base import known_drafters
-    known = known_drafters()
-    if value not in known:
-        raise ConfigError(where, f"unknown drafter {value!r} (known: {', '.join(known)})")
-    return value
-
-
-def drafters(where: str, value: Any) -> tuple[str, ...]:
-    from autospec.drafters.base import known_drafters
-    if not isinstance(value, (list, tuple)):
-        raise expected(where, f"a list of drafters from {', '.join(known_drafters())} "
-                              f"([] = plain decoding only)", value)
-    names = tuple(drafter(f"{where}[{i}]", v) for i, v in enumerate(value))
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            raise ConfigError(f"{where}[{i}]", f"drafter {name!r} listed twice")
-    return names
-
-
 def int_range(where: str, value: Any) -> tuple[int, int]:
     """[low, high]: two integers, 1 <= low <= high (n-gram lengths)."""
     if (not isinstance(value, (list, tuple)) or len(value) != 2
@@ -155,8 +135,9 @@ def schema_version(raw: dict, version: int) -> None:
 class Knob:
     """What a settings dataclass field declares about itself, in its metadata.
 
-    kind: "int" | "float" | "bool" | "drafters" (a list of drafter names) | "int-range"
-    ([low, high]). low/high bound a number (open at an end when low_open / high_open).
+    kind: "int" | "float" | "bool" | "drafters" (a list of drafter names, checked by `check`:
+    the registry lives with the drafters) | "int-range" ([low, high]). low/high bound a
+    number (open at an end when low_open / high_open). check: replaces the kind's own check.
     section: where a policy file writes it — "" (top level), "controller", or "priors" (one
     value per drafter: `priors: {DRAFTER: {acceptance_mean: VALUE}}`). tunable: read from
     policy files and searchable by `tune`; False for run-time settings (a seed)."""
@@ -168,13 +149,16 @@ class Knob:
     high_open: bool = False
     section: str = "controller"
     tunable: bool = True
+    check_value: Check | None = dataclasses.field(default=None, compare=False)
 
     def checker(self) -> Check:
+        if self.check_value is not None:
+            return self.check_value
         if self.kind == "int":
             return integer(int(self.low), None if self.high == math.inf else int(self.high))
         if self.kind == "float":
             return number(self.low, self.high, self.low_open, self.high_open)
-        return {"bool": boolean, "drafters": drafters, "int-range": int_range}[self.kind]
+        return {"bool": boolean, "int-range": int_range}[self.kind]
 
     def check(self, where: str, value: Any) -> Any:
         """The checked value (tuples for lists, float for a float); ConfigError naming

@@ -35,6 +35,7 @@ from autospec import configcheck as cc
 from autospec.configcheck import ConfigError, Knob
 from autospec.controller.adaptive import ControllerSettings
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN
+from autospec.drafters.base import check_drafter
 
 SCHEMA_VERSION = 1
 PolicyError = ConfigError  # one error type for every config file (autospec.configcheck)
@@ -185,7 +186,7 @@ def _parameters(prefix: str, raw: dict) -> dict:
             out[key] = {}
             for drafter, given in cc.mapping(where, value).items():
                 at = f"{where}.{drafter}"
-                cc.drafter(at, drafter)
+                check_drafter(at, drafter)
                 cc.mapping(at, given, (PRIOR_FIELD,))
                 if PRIOR_FIELD not in given:
                     raise ConfigError(f"{at}.{PRIOR_FIELD}", f"missing; expected {prior.accepted}")

@@ -30,7 +30,7 @@ import numpy as np
 from autospec.controller.decide import PLAIN, decide_step
 from autospec.configcheck import knob
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
-from autospec.drafters.base import DEFAULT_DRAFTERS, drafter_class
+from autospec.drafters.base import DEFAULT_DRAFTERS, check_drafters, drafter_class
 from autospec.engine.accept import agreeing_prefix
 from autospec.drafters.ngram import NgramIndex
 from autospec.telemetry import POOLED, UNLABELLED, StepRecord
@@ -48,7 +48,7 @@ class ControllerSettings:
     from these fields (policy.py, tune/space.py); a new knob is one field here."""
     drafters: tuple[str, ...] = knob(
         DEFAULT_DRAFTERS, "drafters the controller may pick (plain decoding is always an option)",
-        "drafters", section="")
+        "drafters", section="", check_value=check_drafters)
     k_min: int = knob(1, "smallest K whenever a drafter runs (K = 0, plain, stays legal)",
                       "int", low=1, high=K_LIMIT, section="")
     # n-gram on repetitive text pays up to ~16 (hf-heuristic caps there too)

@@ -97,6 +97,28 @@ def _load_builtin_and_plugins() -> None:
                 _REGISTRY[ep.name] = cls
 
 
+def check_drafter(where: str, value) -> str:
+    """A config field naming one drafter (configcheck's contract: ConfigError naming `where`)."""
+    from autospec.configcheck import ConfigError
+    known = known_drafters()
+    if value not in known:
+        raise ConfigError(where, f"unknown drafter {value!r} (known: {', '.join(known)})")
+    return value
+
+
+def check_drafters(where: str, value) -> tuple[str, ...]:
+    """A config field listing distinct drafters, in priority order ([] = plain decoding only)."""
+    from autospec.configcheck import ConfigError, expected
+    if not isinstance(value, (list, tuple)):
+        raise expected(where, f"a list of drafters from {', '.join(known_drafters())} "
+                              f"([] = plain decoding only)", value)
+    names = tuple(check_drafter(f"{where}[{i}]", v) for i, v in enumerate(value))
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"{where}[{i}]", f"drafter {name!r} listed twice")
+    return names
+
+
 def known_drafters() -> list[str]:
     _load_builtin_and_plugins()
     return sorted(_REGISTRY)
