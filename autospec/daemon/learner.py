@@ -1,0 +1,96 @@
+"""The daemon's slow path: what every request of every serving process taught, per workload.
+
+The daemon feeds each ingested RequestRecord's steps into a `Learner` (one per model pair and
+hardware): a slowly discounted acceptance estimate per (workload, drafter) — and per drafter
+pooled over workloads, under `telemetry.POOLED` — plus one cost model. These are what the store
+persists (as `autospec.store.Estimate` rows) and what a new serving process starts from
+(`AdaptiveController.warm_start`), so a restart does not begin from the uninformed prior.
+
+Only steps that ran a drafter inform its acceptance here: the counterfactual n-gram scoring
+stays in the serving process's fast path (it needs the tokens, which telemetry does not carry).
+"""
+from __future__ import annotations
+
+from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
+from autospec.store.queries import Estimate
+from autospec.telemetry import POOLED, RequestRecord
+
+SLOW_DISCOUNT = 0.995  # per observed step: ~200 steps of memory per (workload, drafter)
+
+
+class Learner:
+    def __init__(self, k_max: int = 16, discount: float = SLOW_DISCOUNT):
+        self.k_max = k_max
+        self.discount = discount
+        self.acceptance: dict[str, dict[str, AcceptanceEstimate]] = {}
+        self.costs = CostModel(k_max)
+        self.steps_seen = 0
+
+    def _estimate(self, workload: str, drafter: str) -> AcceptanceEstimate:
+        per_drafter = self.acceptance.setdefault(workload, {})
+        if drafter not in per_drafter:
+            per_drafter[drafter] = AcceptanceEstimate(self.k_max, DEFAULT_PRIOR_MEAN, 2.0, self.discount)
+        return per_drafter[drafter]
+
+    def observe(self, record: RequestRecord) -> None:
+        """Fold one request's steps in (its workload's estimates and the pooled ones).
+        Vectorised per drafter: a busy daemon folds tens of thousands of steps a second."""
+        steps = record.step_records
+        if not steps:
+            return
+        self.costs.observe_verify_many([s.verify_tokens for s in steps],
+                                       [s.verify_seconds for s in steps])
+        # an unlabelled request informs the pooled estimates only
+        workloads = {POOLED, record.workload} if record.workload else {POOLED}
+        by_drafter: dict[str, list] = {}
+        for step in steps:
+            if step.drafter != "none" and step.k > 0:
+                by_drafter.setdefault(step.drafter, []).append(step)
+        for drafter, ran in by_drafter.items():
+            # a drafter's first step in a request prefills its cache: a one-off, not per token
+            for step in ran[1:]:
+                self.costs.observe_draft(drafter, step.draft_seconds, step.proposed)
+            proposed = [max(s.proposed, 1) for s in ran]
+            accepted = [s.accepted for s in ran]
+            for workload in workloads:
+                self._estimate(workload, drafter).update_many(proposed, accepted)
+        self.steps_seen += len(steps)
+
+    def estimates(self) -> list[Estimate]:
+        """Everything learned, as store rows (cost fields repeated on each drafter's rows)."""
+        line = self.costs.line()
+        base, slope = line if line else (None, None)
+        out = []
+        for workload, per_drafter in sorted(self.acceptance.items()):
+            for drafter, est in sorted(per_drafter.items()):
+                out.append(Estimate(drafter, workload, tuple(est.rates()),
+                                    tuple(est.observations()), self.costs.draft.get(drafter),
+                                    base, slope))
+        return out
+
+    def restore(self, estimates: dict[str, dict[str, Estimate]]) -> "Learner":
+        """Continue from persisted estimates ({workload: {drafter: Estimate}}). Returns self."""
+        line = None
+        for workload, per_drafter in estimates.items():
+            for drafter, saved in per_drafter.items():
+                self._estimate(workload, drafter).restore(saved.conditional_acceptance,
+                                                          saved.observations)
+                if saved.draft_seconds_per_token is not None:
+                    self.costs.draft[drafter] = saved.draft_seconds_per_token
+                if saved.verify_base_seconds is not None and saved.verify_slope_seconds is not None:
+                    line = (saved.verify_base_seconds, saved.verify_slope_seconds)
+        if line:
+            self.costs.seed(*line)
+        return self
+
+    def snapshot(self) -> dict:
+        """JSON for GET /v1/params: {workload: {drafter: {...}}} and the verify line."""
+        line = self.costs.line()
+        return {
+            "acceptance": {w: {d: {"rates": [round(float(r), 6) for r in e.rates()],
+                                   "observations": [round(float(o), 4) for o in e.observations()]}
+                               for d, e in per.items()}
+                           for w, per in self.acceptance.items()},
+            "draft_seconds_per_token": dict(self.costs.draft),
+            "verify_line": list(line) if line else None,
+        }
