@@ -47,7 +47,7 @@ class DistillRecipe:
     kv_heads: int = 2
     ffn: int = 768
     # training
-    steps: int = 1200
+    steps: int = 800
     batch: int = 8
     lr: float = 2e-3
     warmup: int = 50
@@ -312,7 +312,52 @@ def build(out_dir: Path | None = None, recipe: DistillRecipe = RECIPE, quiet: bo
             "draft_params": sum(p.numel() for p in draft.parameters()),
             "target": str(smollm2_dir() / "target")}
     save_draft(draft, tokenizer, out_dir, card)
-    log(f"draft saved to {out_dir}: held-out top-1 agreement {card['heldout_top1_agreement']:.3f}")
+    card = write_card(out_dir, target)
+    log(f"draft saved to {out_dir}: held-out top-1 agreement "
+        f"{card['heldout_top1_agreement']:.3f}, c = {card['cost_ratio_c']:.3f}")
+    return card
+
+
+def write_card(out_dir: Path, target=None) -> dict:
+    """Measure the saved draft's decode cost against the target's (float32, as the engine
+    runs them) and write card.json + README.md beside its weights."""
+    from transformers import AutoModelForCausalLM
+    from autospec.models.evaluate import decode_seconds_per_token
+    card = json.loads((out_dir / "card.json").read_text())
+    target = target if target is not None else load_target()[0]
+    draft = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()
+    t_cost, d_cost = decode_seconds_per_token(target), decode_seconds_per_token(draft)
+    card.update(target_ms_per_token=t_cost * 1e3, draft_ms_per_token=d_cost * 1e3,
+                cost_ratio_c=d_cost / t_cost, threads=torch.get_num_threads())
+    (out_dir / "card.json").write_text(json.dumps(card, indent=2, default=str) + "\n")
+    r, run = card["recipe"], card["training"]
+    curve = ", ".join(f"{h['step']}: {h['heldout_top1']:.2f}" for h in run["history"][::4])
+    (out_dir / "README.md").write_text(f"""# SmolLM2-135M-Instruct draft (autospec)
+
+Built by `autospec models build --preset smollm2-draft` (after `autospec models fetch
+smollm2`), self-distilled from the fetched target. Apache-2.0, like the target.
+
+- model: Llama, {r['layers']} layers, width {r['hidden']}, {r['heads']} heads ({r['kv_heads']} KV),
+  FFN {r['ffn']}, the target's tokenizer and vocabulary (49,152), tied embedding initialised
+  from the target's by PCA; {card['draft_params'] / 1e6:.1f}M parameters, bf16 on disk.
+- data: the target's greedy answers ({r['max_new_tokens']} tokens at most, its top-{r['top_k']}
+  probabilities kept) to {card['answers']} chat prompts made from the Python standard library's
+  TRAINING split by the chat workload's makers ({card['answer_tokens']:,} answer tokens); the
+  shipped `configs/workloads/chat.jsonl` is made from held-out files only.
+- training: {run['steps']} steps of {r['batch']} rows, AdamW lr {r['lr']} (cosine), loss
+  (1 - {r['soft_weight']}) CE(target's greedy token) + {r['soft_weight']} CE(target's top-k) on answer
+  positions, + {r['prompt_weight']} x CE on {r['prompt_positions']} prompt positions a row;
+  {run['train_seconds']:.0f} s on {card.get('threads', 1)} CPU thread(s).
+
+| figure | value |
+|---|---|
+| top-1 agreement with the target, teacher-forced, 32 held-out answers | {card['heldout_top1_agreement']:.3f} |
+| ms per token, draft / target (float32, batch 1, this machine) | {card['draft_ms_per_token']:.1f} / {card['target_ms_per_token']:.1f} |
+| cost ratio c | {card['cost_ratio_c']:.3f} |
+
+Held-out agreement during training (step: top-1): {curve}.
+Acceptance in the engine, per category: README's SmolLM2 section (`autospec bench`).
+""")
     return card
 
 
