@@ -62,7 +62,7 @@ def test_method_lists_start_with_plain_once():
 
 def test_only_controllers_are_made():
     with pytest.raises(ValueError, match="method 'hf:generate' is not a controller"):
-        make_controller("hf:generate")
+        make_controller(parse_method("hf:generate"))
 
 
 def test_available_drafters_need_a_draft_model_only_for_draft_model(tiny_pair):

@@ -25,14 +25,14 @@ DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema")
 @trace_pair_option
 def replay(trace_path, controllers, json_path, warm_start, pair):
     """Simulated tokens/s per controller and category, from the trace's recorded costs."""
-    from autospec.controller.trace import Trace
+    from autospec.bench.trace import Trace
     from autospec.method import parse_methods
     try:
         trace = Trace.load(trace_path)
         if pair:
             check_trace_pair(trace, trace_path, pair)
         if warm_start:
-            from autospec.controller.learned import warm_vs_cold
+            from autospec.bench.warm_start import warm_vs_cold
             figures = warm_vs_cold(trace)
             click.echo(json.dumps(figures, indent=2))
             if json_path:
@@ -60,7 +60,7 @@ def check_trace_pair(trace, path, pair: str) -> None:
 def run_replay(trace, methods, drafters) -> dict:
     """{method: {category: figures}} for each Method (autospec.method) on the trace."""
     from autospec.controller.factory import make_controller
-    from autospec.controller.trace import replay as replay_trace
+    from autospec.bench.trace import replay as replay_trace
     out = {}
     for method in methods:
         for d in method.needs_drafters:

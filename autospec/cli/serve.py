@@ -31,7 +31,7 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
     the online controller."""
     import asyncio
 
-    from autospec.daemon.client import DaemonClient
+    from autospec.serve.client import DaemonClient
     from autospec.daemon.listen import is_loopback
     from autospec.daemon.service import configure_logging
     from autospec.engine.bandwidth import hardware_key, peak_bandwidth_gbs

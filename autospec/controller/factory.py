@@ -1,21 +1,20 @@
-"""Controllers by method (autospec.method): what bench, replay, serve and tune run."""
+"""Controllers by method (a parsed autospec.method.Method): what bench, replay and serve run.
+Takes the parsed value only, so the controller room never imports method.py (which imports
+policy.py, which imports the controller)."""
 from __future__ import annotations
 
 from autospec.controller.adaptive import DEFAULT_DRAFTERS, AdaptiveController, ControllerSettings
 from autospec.controller.baselines import EMAController, HFHeuristicController
 from autospec.engine.loop import Controller, StaticController
-from autospec.method import Method, parse_method
 
 NAMES = ("plain", "static:DRAFTER:K", "adaptive", "adaptive:POLICY.yaml", "ctl:fixed[:DRAFTER:K]",
          "ctl:hf-heuristic[:DRAFTER]", "ctl:ema[:DRAFTER]")
 
 
-def make_controller(method: Method | str, available: tuple[str, ...] = DEFAULT_DRAFTERS,
+def make_controller(method: "Method", available: tuple[str, ...] = DEFAULT_DRAFTERS,
                     settings: ControllerSettings | None = None) -> Controller:
-    """A fresh controller for a method (text is parsed first). `available`: the drafters the
-    engine can run, for the adaptive controller; `settings` replace its defaults."""
-    if isinstance(method, str):
-        method = parse_method(method)
+    """A fresh controller for a Method. `available`: the drafters the engine can run, for the
+    adaptive controller; `settings` replace its defaults."""
     if method.kind == "plain":
         return StaticController(None, 0)
     if method.kind == "static" or (method.kind == "ctl" and method.baseline == "fixed"):

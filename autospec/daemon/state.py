@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autospec.controller.learned import Learner
+from autospec.daemon.learner import Learner
 from autospec.policy import Policy, PolicyError, load_policy, parameters_to_dict, parse_policy
 from autospec.store import Store
 from autospec.telemetry import UNLABELLED, RequestRecord

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.factory import make_controller
-from autospec.daemon.client import DaemonClient
+from autospec.serve.client import DaemonClient
 from autospec.daemon.service import stop_on_signals
 from autospec.engine.loop import Engine, Generation
 from autospec.models.chat import ChatError, encode_chat

@@ -2,7 +2,7 @@
 
 Two sources, one shape — an iterator of running (tokens, seconds) after each chunk of
 requests, so the study can report the running objective and prune a poor trial early:
-- ReplayObjective: recorded traces (controller.trace), simulated seconds from the recorded
+- ReplayObjective: recorded traces (bench.trace), simulated seconds from the recorded
   costs. Deterministic and fast (a fraction of a second per trial): the default.
 - LiveObjective: a real engine over a workload's prompts, wall-clock seconds. Noisy and
   minutes per trial; for checking a replay-tuned policy on the machine itself.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from autospec.controller.trace import Trace, replay
+from autospec.bench.trace import Trace, replay
 from autospec.controller.adaptive import ControllerSettings
 from autospec.tune.controller import build_controller
 

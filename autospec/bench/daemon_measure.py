@@ -1,0 +1,200 @@
+"""Measure the daemon as the issue asks (the figures in README come from here):
+
+    python -m autospec.bench.daemon_measure ingest   # step records/s sustained, params latency p50/p99
+    python -m autospec.bench.daemon_measure faults   # kill -9 mid-ingest: sent/acknowledged/stored/lost
+    python -m autospec.bench.daemon_measure serve    # serve+daemon vs the engine alone, tokens/s
+
+Each starts its own daemon (and server) in a temp dir, on a Unix socket, with a fresh SQLite
+file. Run on a quiet machine: these are timings.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from autospec.telemetry import StepRecord, summarise
+
+
+def synthetic_record(request_id: str, steps: int) -> dict:
+    rows = [StepRecord(request_id, i, "ngram" if i % 4 else "draft-model", 4, 4, i % 5 if i % 5 < 4 else 4,
+                       min(i % 5, 4) + 1, 2e-4, 8e-3, 5, 100 + 3 * i, 30_000_000, 3.5)
+            for i in range(steps)]
+    return summarise(request_id, 100, rows, 1.0, "copy-heavy" if steps % 2 else "prose").to_dict()
+
+
+def start_daemon(tmp: Path, flush: float = 2.0) -> tuple[subprocess.Popen, str]:
+    sock = tmp / "daemon.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "autospec", "daemon", "--listen", f"unix:{sock}",
+                             "--db", f"sqlite:///{tmp / 'store.db'}", "--flush-interval", str(flush),
+                             "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=open(tmp / "daemon.log", "a"), text=True)
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        raise RuntimeError(f"daemon did not start: {(tmp / 'daemon.log').read_text()[-1000:]}")
+    return proc, str(sock)
+
+
+async def _post(session, body: bytes) -> int:
+    async with session.post("http://localhost/v1/telemetry", data=body,
+                            headers={"Content-Type": "application/json"}) as reply:
+        await reply.read()
+        return reply.status
+
+
+async def ingest(sock: str, batches: int, records: int, steps: int, clients: int) -> dict:
+    bodies = [json.dumps({"batch_id": f"load:{b}", "model_pair": "reference", "hardware": "cpu",
+                          "records": [synthetic_record(f"{b}-{r}", steps) for r in range(records)]}
+                         ).encode() for b in range(batches)]
+    queue = list(range(batches))
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock)) as session:
+        async def client():
+            while queue:
+                assert await _post(session, bodies[queue.pop()]) == 200
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        seconds = time.perf_counter() - t0
+        latencies = []
+        for _ in range(2000):
+            t = time.perf_counter()
+            async with session.get("http://localhost/v1/params",
+                                   params={"model_pair": "reference", "hardware": "cpu",
+                                           "workload": "copy-heavy"}) as reply:
+                await reply.read()
+            latencies.append((time.perf_counter() - t) * 1000)
+    latencies.sort()
+    return {"batches": batches, "records_per_batch": records, "steps_per_record": steps,
+            "clients": clients, "seconds": round(seconds, 3),
+            "step_records_per_s": round(batches * records * steps / seconds),
+            "params_ms_p50": round(statistics.median(latencies), 3),
+            "params_ms_p99": round(latencies[int(0.99 * len(latencies))], 3)}
+
+
+async def faults(tmp: Path, kill_after: int) -> dict:
+    """A client sends batches back to back; the daemon is killed -9 after `kill_after`
+    acknowledgements; it restarts; the client re-sends what was not acknowledged."""
+    proc, sock = start_daemon(tmp)
+    sent, acknowledged = [], set()
+    bodies = {}
+    i = 0
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock)) as session:
+        while len(acknowledged) < kill_after + 20:
+            batch_id = f"f:{i}"
+            bodies[batch_id] = json.dumps({"batch_id": batch_id, "model_pair": "p", "hardware": "h",
+                                           "records": [synthetic_record(f"{i}-{r}", 50) for r in range(16)]}).encode()
+            sent.append(batch_id)
+            if len(acknowledged) == kill_after:
+                task = asyncio.ensure_future(_post(session, bodies[batch_id]))
+                await asyncio.sleep(0.005)  # mid-ingest
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                try:
+                    if await task == 200:
+                        acknowledged.add(batch_id)
+                except aiohttp.ClientError:
+                    pass
+                proc, sock = start_daemon(tmp)
+                break
+            if await _post(session, bodies[batch_id]) == 200:
+                acknowledged.add(batch_id)
+            i += 1
+    integrity = sqlite3.connect(tmp / "store.db").execute("PRAGMA integrity_check").fetchone()[0]
+    stored_before_resend = {r[0] for r in sqlite3.connect(tmp / "store.db").execute(
+        "SELECT DISTINCT batch_id FROM autospec_requests")}
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock)) as session:
+        for batch_id in sent:  # the client's retry of whatever it holds unacknowledged
+            if batch_id not in acknowledged:
+                assert await _post(session, bodies[batch_id]) == 200
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(30)
+    stored = {r[0] for r in sqlite3.connect(tmp / "store.db").execute(
+        "SELECT DISTINCT batch_id FROM autospec_requests")}
+    return {"sent": len(sent), "acknowledged_before_kill": len(acknowledged),
+            "stored_after_restart": len(stored_before_resend),
+            "acknowledged_but_lost": len(acknowledged - stored_before_resend),
+            "integrity_check": integrity, "stored_after_client_retry": len(stored),
+            "lost": len(set(sent) - stored), "sigterm_exit_code": code}
+
+
+def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
+    """The same greedy requests (static:ngram:8: no controller randomness), through
+    `autospec serve` reporting to a daemon vs `Engine.generate` in this process, interleaved.
+    Compared on decode tokens/s as the engine measures it (HTTP is outside both)."""
+    import urllib.request
+
+    import autospec
+    from autospec.bench.harness import load_prompts
+    from autospec.cli.demo import mixed_prompts
+    from autospec.engine.loop import StaticController
+    proc, sock = start_daemon(tmp)
+    serve = subprocess.Popen([sys.executable, "-m", "autospec", "serve", "--port", "0",
+                              "--daemon", f"unix:{sock}", "--log-level", "warning"],
+                             stdout=subprocess.PIPE, stderr=open(tmp / "serve.log", "w"), text=True)
+    url = serve.stdout.readline().strip().rsplit(" ", 1)[1]
+    engine = autospec.load()
+    rows = load_prompts(mixed_prompts())[:prompts]
+    totals = {"serve": [0, 0.0], "engine": [0, 0.0]}
+    try:
+        for p in rows * 2:
+            body = json.dumps({"prompt": p.prompt, "max_tokens": max_tokens, "temperature": 0,
+                               "autospec": {"method": "static:ngram:8"}}).encode()
+            with urllib.request.urlopen(urllib.request.Request(f"{url}/v1/completions", body), timeout=300) as r:
+                m = json.loads(r.read())["autospec"]
+            totals["serve"][0] += m["output_tokens"]
+            totals["serve"][1] += m["wall_seconds"]
+            out = engine.generate(p.prompt, controller=StaticController("ngram", 8), max_new_tokens=max_tokens)
+            totals["engine"][0] += out.telemetry.output_tokens
+            totals["engine"][1] += out.telemetry.wall_seconds
+        health = json.loads(urllib.request.urlopen(f"{url}/healthz").read())
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(30)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    rate = {k: t / s for k, (t, s) in totals.items()}
+    return {"requests": 2 * len(rows), "serve_tokens_per_s": round(rate["serve"], 2),
+            "engine_tokens_per_s": round(rate["engine"], 2),
+            "serve_over_engine": round(rate["serve"] / rate["engine"], 4),
+            "telemetry_acknowledged": health["daemon"]["acknowledged_records"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("what", choices=["ingest", "faults", "serve"])
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--records", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="autospec-measure-") as tmp:
+        tmp = Path(tmp)
+        os.environ["AUTOSPEC_DATA"] = str(tmp)
+        if args.what == "ingest":
+            proc, sock = start_daemon(tmp)
+            try:
+                result = asyncio.run(ingest(sock, args.batches, args.records, args.steps, args.clients))
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
+        elif args.what == "faults":
+            result = asyncio.run(faults(tmp, kill_after=30))
+        else:
+            result = serve_overhead(tmp, args.prompts, args.max_tokens)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
