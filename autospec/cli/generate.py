@@ -41,25 +41,18 @@ def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed
         raise click.BadParameter(f"k must be >= 1, got {k} (for plain decoding use --drafter none)",
                                  param_hint="--k")
     engine = load_engine(target, draft, dtype, pair)
-    tokenizer = engine.models.tokenizer
     if chat:
         from autospec.models.chat import encode_chat
         try:
             prompt = encode_chat(engine.models, [{"role": "user", "content": prompt}])
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
-    emitted: list[int] = []
-    printed = 0
+    from autospec.engine.textstream import TextStream
+    text = TextStream(engine.models.tokenizer)
 
     def stream(tokens: list[int]) -> None:
-        # decode the whole output each time: byte-level BPE pieces only make sense together
-        nonlocal printed
-        emitted.extend(tokens)
-        text = tokenizer.decode(emitted, skip_special_tokens=True)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[printed:])
-            sys.stdout.flush()
-            printed = len(text)
+        sys.stdout.write(text.add(tokens))
+        sys.stdout.flush()
 
     try:
         out = engine.generate(prompt, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
@@ -67,7 +60,7 @@ def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed
                               on_tokens=stream)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    sys.stdout.write(out.text[printed:] + "\n")
+    sys.stdout.write(text.add([], final=True) + "\n")
     t = out.telemetry
     if as_json:
         click.echo(json.dumps(t.to_dict(with_steps=False)), err=True)

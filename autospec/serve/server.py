@@ -21,12 +21,13 @@ from aiohttp import web
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.factory import make_controller
-from autospec.serve.client import DaemonClient
 from autospec.daemon.service import stop_on_signals
 from autospec.engine.loop import Engine, Generation
+from autospec.engine.textstream import TextStream
 from autospec.models.chat import ChatError, encode_chat
 from autospec.policy import parameters_from_dict
 from autospec.serve import openai
+from autospec.serve.client import DaemonClient
 
 log = logging.getLogger("autospec.serve")
 SERVER = web.AppKey("server", object)
@@ -38,23 +39,6 @@ def settings_for(params: dict | None, workload: str | None) -> ControllerSetting
         return ControllerSettings()
     resolved = (params["workloads"].get(workload) if workload else None) or params["parameters"]
     return parameters_from_dict(resolved)
-
-
-class TextStream:
-    """Token ids in, new text out; holds back an incomplete UTF-8 character (a '\\ufffd')."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.sent = 0
-
-    def add(self, tokens: list[int], final: bool = False) -> str:
-        self.ids += tokens
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not final:
-            return ""
-        delta, self.sent = text[self.sent:], len(text)
-        return delta
 
 
 class Server:
