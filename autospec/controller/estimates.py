@@ -161,7 +161,15 @@ class CostModel:
         if self.warmup and k not in self._warm:
             self._warm.add(k)
             return
-        self._since_drafted = 0 if k > 0 else self._since_drafted + 1
+        if k > 0:
+            if self.stale_after and self._since_drafted > self.stale_after:
+                # the first drafted forward after a stale spell: the line is fitted afresh
+                # from here on (the plain forwards that follow restore its base within a few
+                # steps), so the forwards that caused the spell cannot cause the next one
+                self._sums = np.zeros(5)
+            self._since_drafted = 0
+        else:
+            self._since_drafted += 1
         if self.observed >= 5:
             seconds = min(seconds, 3 * float(self.verify_seconds()[min(k, self.k_max)]))
         self._sums *= self.forgetting
@@ -225,12 +233,18 @@ class CostModel:
         var = xx / w - mean_x ** 2
         # one size seen so far: assume a memory-bound (flat) forward, the optimistic prior
         slope = max(0.0, (xy / w - mean_x * mean_y) / var) if var > 1e-9 else 0.0
-        if self.stale_after and self._since_drafted > self.stale_after:
-            # a stale slope is trusted less and less (see __init__); the line still passes
-            # through the mean of what was observed, which recent plain steps dominate
-            slope *= max(0.0, 2.0 - self._since_drafted / self.stale_after)
+        # a stale slope is trusted less and less (see __init__); the line still passes through
+        # the mean of what was observed, which recent plain steps dominate
+        slope *= self._trust()
         base = max(mean_y - slope * mean_x, 1e-6)
         return base + slope * self._sizes
+
+    def _trust(self) -> float:
+        """1 while the slope is fresh; falls linearly to 0 from `stale_after` forwards without
+        a drafted one to twice that."""
+        if not self.stale_after or self._since_drafted <= self.stale_after:
+            return 1.0
+        return max(0.0, 2.0 - self._since_drafted / self.stale_after)
 
     def draft_seconds(self, drafter: str, hint: float) -> float:
         """Measured seconds per drafted token, or hint * verify(0) before any measurement."""
