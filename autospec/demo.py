@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -21,6 +18,8 @@ import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from autospec.process import StartError, spawn
 
 METHODS = ("plain", "adaptive")
 
@@ -52,33 +51,6 @@ class Tally:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
-
-
-def start(args: list[str], log_path: Path, env: dict) -> subprocess.Popen:
-    log = open(log_path, "w")  # noqa: SIM115 - lives as long as the child
-    return subprocess.Popen([sys.executable, "-m", "autospec", *args], stdout=subprocess.PIPE,
-                            stderr=log, text=True, env=env, start_new_session=True)
-
-
-def wait_listening(proc: subprocess.Popen, name: str, log_path: Path, timeout: float) -> str:
-    """The URL a child announces on its first stdout line ('... listening on URL')."""
-    deadline = time.monotonic() + timeout
-    line = proc.stdout.readline()
-    if "listening on " not in line or time.monotonic() > deadline:
-        tail = log_path.read_text()[-1500:] if log_path.exists() else ""
-        raise DemoError(f"{name} did not start (exit code {proc.poll()}); its log {log_path}:\n{tail}")
-    return line.strip().rsplit("listening on ", 1)[1]
-
-
-def stop(proc: subprocess.Popen | None, timeout: float = 15.0) -> int | None:
-    if proc is None or proc.poll() is not None:
-        return proc.poll() if proc else None
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
 
 
 def complete(url: str, prompt, max_tokens: int, method: str, workload: str) -> tuple[str, dict, float]:
@@ -118,10 +90,12 @@ def run_demo(prompts, max_tokens: int, db: str | None, target: str | None, draft
                 serve_args += [flag, value]
         daemon = serve = None
         try:
-            daemon = start(daemon_args, tmp / "daemon.log", env)
-            wait_listening(daemon, "autospec daemon", tmp / "daemon.log", 60)
-            serve = start(serve_args, tmp / "serve.log", env)
-            url = wait_listening(serve, "autospec serve", tmp / "serve.log", 300)
+            try:
+                daemon = spawn(daemon_args, tmp / "daemon.log", env, 60, new_session=True)
+                serve = spawn(serve_args, tmp / "serve.log", env, 300, new_session=True)
+            except StartError as exc:
+                raise DemoError(str(exc)) from None
+            url = serve.url
             echo(f"daemon on unix:{tmp / 'daemon.sock'}, serve on {url}")
             results: dict = defaultdict(lambda: {m: Tally() for m in METHODS})
             identical = True
@@ -137,8 +111,9 @@ def run_demo(prompts, max_tokens: int, db: str | None, target: str | None, draft
                     progress(i + 1, len(prompts), overall(results))
             health = settled_health(url)
         finally:
-            stop(serve)
-            code = stop(daemon)
+            if serve is not None:
+                serve.stop()
+            code = daemon.stop() if daemon is not None else None
         if daemon is not None and code not in (0, None):
             echo(f"warning: the daemon exited with code {code}; log:\n"
                  f"{(tmp / 'daemon.log').read_text()[-1500:]}")

@@ -3,15 +3,11 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from autospec.process import Child, spawn
 from autospec.telemetry import StepRecord, summarise
 
 
@@ -48,36 +44,17 @@ def request(url: str, method: str, path: str, body=None, headers=None, timeout: 
         return reply.status, raw
 
 
-@dataclass
-class Proc:
-    popen: subprocess.Popen
-    url: str
-    log: Path
+class Proc(Child):
+    """A test's child: `stop()` is a kill (clean-up; tests that want a warm shutdown signal)."""
 
-    def signal(self, signum=signal.SIGTERM) -> None:
-        self.popen.send_signal(signum)
-
-    def wait(self, timeout: float = 30.0) -> int:
-        return self.popen.wait(timeout)
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(10)
+    def stop(self) -> int:
+        return self.kill()
 
 
 def start(args: list[str], log: Path, env: dict | None = None, timeout: float = 120.0) -> Proc:
     """Start `python -m autospec ARGS`; wait for its 'listening on URL' line."""
-    environment = {**os.environ, **(env or {})}
-    handle = open(log, "w")  # noqa: SIM115
-    popen = subprocess.Popen([sys.executable, "-m", "autospec", *args], stdout=subprocess.PIPE,
-                             stderr=handle, text=True, env=environment)
-    deadline = time.monotonic() + timeout
-    line = popen.stdout.readline()
-    if "listening on " not in line or time.monotonic() > deadline:
-        popen.kill()
-        raise RuntimeError(f"{args[0]} did not start: {line!r}\n{log.read_text()[-2000:]}")
-    return Proc(popen, line.strip().rsplit("listening on ", 1)[1], log)
+    child = spawn(args, log, env, timeout)
+    return Proc(child.popen, child.url, child.log)
 
 
 def start_daemon(tmp: Path, *extra: str, db: Path | None = None, name: str = "daemon") -> Proc:

@@ -17,13 +17,13 @@ import signal
 import sqlite3
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
+from autospec.process import spawn
 from autospec.telemetry import StepRecord, summarise
 
 
@@ -36,14 +36,9 @@ def synthetic_record(request_id: str, steps: int) -> dict:
 
 def start_daemon(tmp: Path, flush: float = 2.0) -> tuple[subprocess.Popen, str]:
     sock = tmp / "daemon.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "autospec", "daemon", "--listen", f"unix:{sock}",
-                             "--db", f"sqlite:///{tmp / 'store.db'}", "--flush-interval", str(flush),
-                             "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=open(tmp / "daemon.log", "a"), text=True)
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        raise RuntimeError(f"daemon did not start: {(tmp / 'daemon.log').read_text()[-1000:]}")
-    return proc, str(sock)
+    child = spawn(["daemon", "--listen", f"unix:{sock}", "--db", f"sqlite:///{tmp / 'store.db'}",
+                   "--flush-interval", str(flush), "--log-level", "warning"], tmp / "daemon.log")
+    return child.popen, str(sock)
 
 
 async def _post(session, body: bytes) -> int:
@@ -138,10 +133,9 @@ def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
     from autospec.cli.demo import mixed_prompts
     from autospec.engine.loop import StaticController
     proc, sock = start_daemon(tmp)
-    serve = subprocess.Popen([sys.executable, "-m", "autospec", "serve", "--port", "0",
-                              "--daemon", f"unix:{sock}", "--log-level", "warning"],
-                             stdout=subprocess.PIPE, stderr=open(tmp / "serve.log", "w"), text=True)
-    url = serve.stdout.readline().strip().rsplit(" ", 1)[1]
+    serve = spawn(["serve", "--port", "0", "--daemon", f"unix:{sock}", "--log-level", "warning"],
+                  tmp / "serve.log", timeout=300)
+    url = serve.url
     engine = autospec.load()
     rows = load_prompts(mixed_prompts())[:prompts]
     totals = {"serve": [0, 0.0], "engine": [0, 0.0]}
@@ -158,8 +152,7 @@ def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
             totals["engine"][1] += out.telemetry.wall_seconds
         health = json.loads(urllib.request.urlopen(f"{url}/healthz").read())
     finally:
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(30)
+        serve.stop(30)
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
     rate = {k: t / s for k, (t, s) in totals.items()}
