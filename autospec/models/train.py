@@ -171,10 +171,11 @@ def train(model: LlamaForCausalLM, tokens: np.ndarray, recipe: TrainRecipe, seed
             "train_tokens": step * recipe.batch * recipe.seq_len, "final_train_loss": loss_ema}
 
 
-def save_checkpoint(path: Path, model, optimizer, step: int, elapsed: float) -> None:
-    """Atomic: a kill mid-write leaves the previous checkpoint intact."""
+def save_checkpoint(path: Path, model, optimizer, step: int, elapsed: float, **extra) -> None:
+    """Atomic: a kill mid-write leaves the previous checkpoint intact. `extra` entries (e.g.
+    the distilled draft's agreement history) are saved beside the state."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "step": step, "elapsed": elapsed}, tmp)
+                "step": step, "elapsed": elapsed, **extra}, tmp)
     os.replace(tmp, path)

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from autospec.models.train import save_checkpoint
 from autospec.paths import SMOLLM2_SHIPPED_DIR, cache_dir, smollm2_dir
 
 
@@ -66,10 +67,11 @@ def work_dir() -> Path:
 
 
 def load_target():
+    """The fetched SmolLM2 target (float32) and its tokenizer; where it is missing, the pair
+    table's error names the fetch command."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = smollm2_dir() / "target"
-    if not (path / "config.json").exists():
-        raise FileNotFoundError("the SmolLM2 target is not fetched: run `autospec models fetch smollm2`")
+    from autospec.models.pairs import named_pair
+    path, _ = named_pair("smollm2").locate()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), tokenizer
 
@@ -94,7 +96,7 @@ def training_prompts(tokenizer, recipe: DistillRecipe) -> list[list[int]]:
 # -- 2. the target's answers ----------------------------------------------------------------
 @torch.inference_mode()
 def generate_answers(target, tokenizer, prompts: list[list[int]], recipe: DistillRecipe,
-                     out: Path, quiet: bool = False, deadline: float | None = None) -> None:
+                     out: Path, quiet: bool = False) -> None:
     """Shard i = prompts[i*B:(i+1)*B] answered greedily; existing shards are skipped."""
     out.mkdir(parents=True, exist_ok=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else target.config.eos_token_id
@@ -106,8 +108,6 @@ def generate_answers(target, tokenizer, prompts: list[list[int]], recipe: Distil
         bar.update(1)
         if path.exists():
             continue
-        if deadline and time.time() > deadline:
-            break
         batch = prompts[shard * recipe.gen_batch:(shard + 1) * recipe.gen_batch]
         width = max(map(len, batch))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
@@ -247,11 +247,8 @@ def train_draft(draft, answers: list[dict], recipe: DistillRecipe, ckpt: Path,
             if heldout:
                 history.append({"step": step, "heldout_top1": top1_agreement(draft, heldout)})
                 draft.train()
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"model": draft.state_dict(), "optimizer": optimizer.state_dict(),
-                        "step": step, "elapsed": time.perf_counter() - started,
-                        "history": history}, tmp)
-            os.replace(tmp, ckpt)
+            save_checkpoint(ckpt, draft, optimizer, step, time.perf_counter() - started,
+                            history=history)
     bar.close()
     draft.eval()
     return {"steps": step, "train_seconds": round(time.perf_counter() - started, 1),
@@ -276,7 +273,7 @@ def top1_agreement(draft, rows: list[dict]) -> float:
 
 # -- the build ------------------------------------------------------------------------------
 def build(out_dir: Path | None = None, recipe: DistillRecipe = RECIPE, quiet: bool = False,
-          log=print, stage: str = "all", answer_deadline: float | None = None,
+          log=print, stage: str = "all",
           threads: int | None = None) -> dict:
     """stage: "answers" (only the target's answers), "train" (with what answers exist), "all"."""
     out_dir = Path(out_dir) if out_dir else SMOLLM2_SHIPPED_DIR / "draft"
@@ -289,8 +286,7 @@ def build(out_dir: Path | None = None, recipe: DistillRecipe = RECIPE, quiet: bo
     if stage in ("answers", "all"):
         prompts = training_prompts(tokenizer, recipe)
         log(f"{len(prompts)} training prompts (<= {recipe.max_prompt_tokens} tokens)")
-        generate_answers(target, tokenizer, prompts, recipe, work / "answers", quiet,
-                         answer_deadline)
+        generate_answers(target, tokenizer, prompts, recipe, work / "answers", quiet)
         if stage == "answers":
             return {}
     answers = load_answers(work / "answers")
