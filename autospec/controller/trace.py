@@ -1,7 +1,7 @@
 """Deprecated (one release): trace record and replay moved to autospec.bench.trace."""
-import importlib
+from autospec.moved import forward
 
-_MOVED = {
+__getattr__ = forward({
     'SCHEMA_VERSION': 'autospec.bench.trace',
     'Trace': 'autospec.bench.trace',
     'TraceRequest': 'autospec.bench.trace',
@@ -9,10 +9,4 @@ _MOVED = {
     'record': 'autospec.bench.trace',
     'replay': 'autospec.bench.trace',
     'calibrate_verify': 'autospec.bench.trace',
-}
-
-
-def __getattr__(name):
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(name)
+})
