@@ -215,6 +215,26 @@ def test_output_is_handed_over_at_eos_and_once():
     assert len(shared_index(pair, depth=4)) == 7  # handed over once
 
 
+def test_engine_finish_hands_over_once_without_eos():
+    """The counting target never emits EOS: the request ends at max_new_tokens, and
+    Engine.finish (the drafters' finish hook) hands its output over — while the request and
+    its drafter are still alive, so no finalizer did it — and only once."""
+    engine = counting_engine(depth=4)
+    shared = shared_index(engine.models, depth=4)
+    request = engine.start([0, 1], max_new_tokens=6)
+    while not request.done:
+        engine.step(request, "suffix", 3)
+    assert len(shared) == 0  # running: nothing shared yet
+    engine.finish(request)
+    segment = [0, 1, 2, 3, 4, 5, 6, 7]  # the prompt's last depth - 1 tokens (all 2) + 6 out
+    assert shared.index.tokens[:-1] == segment and len(shared) == len(segment)
+    engine.finish(request)
+    request.drafters["suffix"].reset()
+    del request
+    gc.collect()
+    assert len(shared) == len(segment)  # once
+
+
 # -- sampling --------------------------------------------------------------------------------
 def test_sampling_is_exact_with_suffix(engine):  # noqa: F811 (the imported fixture)
     """test_sampling's χ² and total-variation check, on its engine, with the suffix drafter

@@ -70,6 +70,11 @@ class Drafter(ABC):
     def observe(self, result: Verified) -> None:
         """Told what the target kept; drafters with caches roll back here or lazily."""
 
+    def finish(self, ctx: DraftContext) -> None:
+        """The request has ended with ctx.tokens (Engine.finish calls it on every drafter the
+        request used; it has seen only the steps it drafted): publish what should outlive the
+        request. Default: nothing to do."""
+
 
 # name -> factory(models, **options) -> Drafter
 _REGISTRY: dict[str, type] = {}

@@ -15,9 +15,12 @@ subclass field: Draft itself is unchanged), for a controller that cuts K where t
 
 What enters the shared index, and when: a request's output, preceded by the last depth - 1
 tokens of its prompt (so the shared index knows how answers *begin* after a prompt's
-scaffold), as one segment when the request ends — when the drafter sees an EOS token in what
-the target emitted, on `reset()`, or when the engine drops the request's drafter (a
-weakref.finalize, atexit off) — whichever comes first, once. Not incrementally: the shared
+scaffold), as one segment when the request ends: Engine.finish calls `finish(ctx)`, so the
+whole output (steps other drafters drafted included) is there before the caller's next
+request starts. For callers that drive `step` and
+never call finish, the fallbacks: an EOS token in what the target emitted, `reset()`, or the
+request's drafter being dropped (a weakref.finalize, atexit off). Whichever comes first
+sends, once. Not incrementally: the shared
 index then only holds evidence from *other*, finished requests (no double count of the running
 request, which its own index already has), and each request is one FIFO unit. Whole prompts
 are left out: in agentic traffic they are most of the tokens (files, tool results), would evict
@@ -179,6 +182,10 @@ class SuffixDrafter(Drafter):
     def reset(self) -> None:
         self._send()  # the request that ends hands its output over (once)
         self._begin()
+
+    def finish(self, ctx: DraftContext) -> None:
+        self._sync(ctx)  # tokens of steps it did not draft (k = 0, another drafter) included
+        self._send()  # once: a later reset, EOS or finalizer finds it sent
 
     def propose(self, ctx: DraftContext, k: int) -> SuffixDraft:
         tokens, opts = ctx.tokens, self.options

@@ -200,6 +200,11 @@ class Engine:
         return emitted
 
     def finish(self, request: Request) -> Generation:
+        """The request's result and telemetry. Its drafters are told it ended (`finish`), here
+        and not in a finalizer: what they publish (the suffix drafter's output, to the shared
+        index) is then there before the caller's next request starts."""
+        for drafter in request.drafters.values():
+            drafter.finish(self._context(request))
         record = summarise(request.request_id, request.prompt_len, request.steps,
                            time.perf_counter() - request.started, request.workload,
                            request.finish_reason or "length")
