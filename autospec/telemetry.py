@@ -47,6 +47,14 @@ class StepRecord:
     bytes_moved: int  # target weights + KV read by the verify, + the drafter's reads
     bandwidth_gbs: float  # bytes_moved / (draft + verify seconds), GB/s
     controller_seconds: float = 0.0  # the controller's decide + update for this step
+    # the verify forward this step shared (engine/batch.py): rows in it, and tokens over all
+    # rows; a batch-1 step (and a record from before batching) is 1 and verify_tokens
+    batch_size: int = 1
+    batch_tokens: int | None = None
+
+    def __post_init__(self):
+        if self.batch_tokens is None:
+            self.batch_tokens = self.verify_tokens
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -111,6 +119,10 @@ def _is_number(value) -> bool:
 def _check(cls_name: str, name: str, expected: str, value) -> None:
     """Type-check one field against its annotation (as written in the dataclass)."""
     where = f"{cls_name}.{name}"
+    if expected.endswith(" | None"):
+        if value is None:
+            return
+        expected = expected.removesuffix(" | None")
     if expected in ("int", "float"):
         if not _is_number(value):
             raise TelemetryError(f"{where}: expected a finite number, got {value!r}")
@@ -120,8 +132,6 @@ def _check(cls_name: str, name: str, expected: str, value) -> None:
             raise TelemetryError(f"{where}: expected a number >= 0, got {value!r}")
     elif expected == "str" and not isinstance(value, str):
         raise TelemetryError(f"{where}: expected a string, got {value!r}")
-    elif expected == "str | None" and value is not None and not isinstance(value, str):
-        raise TelemetryError(f"{where}: expected a string or null, got {value!r}")
     elif expected == "list[float]" and (not isinstance(value, list)
                                         or not all(_is_number(v) for v in value)):
         raise TelemetryError(f"{where}: expected a list of finite numbers, got {value!r}")

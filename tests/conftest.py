@@ -51,6 +51,12 @@ def tiny_engine(tiny_pair) -> Engine:
     return Engine(tiny_pair)
 
 
+@pytest.fixture(scope="session")
+def reference_pair() -> ModelPair:
+    """The shipped reference pair (target + draft model), float32: real copying behaviour."""
+    return load_pair()
+
+
 class IdTokenizer:
     """Token ids are the text: for models with a handful of tokens and no tokenizer files."""
     eos_token_id = None

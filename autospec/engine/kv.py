@@ -27,12 +27,13 @@ def new_cache(model) -> DynamicCache:
 
 
 def cached_forward(model, input_ids: torch.Tensor, cache: DynamicCache, kwarg: str,
-                   last: int | None = None) -> torch.Tensor:
-    """Logits (1, n, V) for input_ids (1, n) appended after what the cache holds; with `last`,
+                   last: int | None = None, **inputs: torch.Tensor) -> torch.Tensor:
+    """Logits (B, n, V) for input_ids (B, n) appended after what the cache holds; with `last`,
     only the last `last` positions are scored (a prefill needs none or one: the LM head over a
-    whole prompt costs as much as several decode steps)."""
+    whole prompt costs as much as several decode steps). `inputs`: position_ids and a 4-D
+    attention_mask where rows sit at their own offsets (engine/batch.py)."""
     extra = {"logits_to_keep": last} if last is not None and _keeps_logits(type(model)) else {}
-    return model(input_ids=input_ids, use_cache=True, **{kwarg: cache}, **extra).logits
+    return model(input_ids=input_ids, use_cache=True, **{kwarg: cache}, **extra, **inputs).logits
 
 
 def rollback(cache: DynamicCache, length: int) -> None:

@@ -81,6 +81,19 @@ class Generation:
     telemetry: RequestRecord
 
 
+@dataclass
+class Round:
+    """One request's step in flight, between propose and observe (a batch holds one per row)."""
+    request: Request
+    drafter_name: str  # "none" for a plain step
+    k: int  # after clamping
+    drafter: Drafter | None
+    draft: Draft
+    draft_tokens: list[int]  # draft.tokens[:k]
+    context: int  # tokens in the target's cache before the step
+    draft_seconds: float
+
+
 class Engine:
     """Speculative decoding over a ModelPair. Thread-compatible, not thread-safe."""
 
@@ -100,7 +113,11 @@ class Engine:
             raise ValueError("empty prompt: give at least one token")
         return ids
 
-    @torch.inference_mode()
+    @property
+    def max_positions(self) -> int:
+        """Positions a request may reach: the target's limit (a batch engine's cache may hold fewer)."""
+        return self.models.max_positions
+
     def start(self, prompt: str | list[int], max_new_tokens: int = 64,
               sampling: SamplingParams = SamplingParams(), seed: int = 0,
               request_id: str | None = None, workload: str | None = None) -> Request:
@@ -114,12 +131,17 @@ class Engine:
         request = Request(
             request_id=request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}",
             tokens=ids, prompt_len=len(ids), max_new_tokens=max_new_tokens, sampling=sampling,
-            generator=torch.Generator().manual_seed(seed), cache=new_cache(self.models.target),
-            workload=workload)
-        if len(ids) > 1:
-            cached_forward(self.models.target, torch.tensor([ids[:-1]]), request.cache, self.kwarg,
-                           last=1)
+            generator=torch.Generator().manual_seed(seed), cache=None, workload=workload)
+        self.prefill(request)
         return request
+
+    @torch.inference_mode()
+    def prefill(self, request: Request) -> None:
+        """Give the request its own target cache, holding all its tokens but the last."""
+        request.cache = new_cache(self.models.target)
+        if len(request.tokens) > 1:
+            cached_forward(self.models.target, torch.tensor([request.tokens[:-1]]), request.cache,
+                           self.kwarg, last=1)
 
     def drafter_for(self, request: Request, name: str) -> Drafter:
         if name not in request.drafters:
@@ -131,55 +153,72 @@ class Engine:
     @torch.inference_mode()
     def step(self, request: Request, drafter_name: str | None, k: int) -> list[int]:
         """One speculative round. Returns the tokens it appended."""
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
-        target = self.models.target
-        context = len(request.tokens) - 1  # tokens in the target's cache
-        # Draft no further than the request may still emit (the target adds one) and fits.
-        room = min(request.max_new_tokens - len(request.output) - 1,
-                   self.models.max_positions - context - 2)
-        k = max(0, min(k, room)) if drafter_name else 0
-
-        # 1. propose
-        t0 = time.perf_counter()
-        drafter = self.drafter_for(request, drafter_name) if k else None
-        draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
-        draft_tokens = draft.tokens[:k]
+        # 1. propose (k clamped to what the request may still emit)
+        rnd = self.propose(request, drafter_name, k)
         t1 = time.perf_counter()
 
         # 2. verify: one target forward over [newest token] + draft, (k+1, V) logits
-        verify_input = torch.tensor([[request.tokens[-1], *draft_tokens]])
-        target_logits = cached_forward(target, verify_input, request.cache, self.kwarg)[0]
+        verify_input = torch.tensor([[request.tokens[-1], *rnd.draft_tokens]])
+        target_logits = cached_forward(self.models.target, verify_input, request.cache, self.kwarg)[0]
 
         # 3. accept
+        accepted, next_token = self.accept(rnd, target_logits)
+
+        # 4. roll back the target's cache to what is now the context (all but next_token)
+        rollback(request.cache, rnd.context + 1 + accepted)
+        emitted = self._append(request, rnd.draft_tokens[:accepted] + [next_token])
+
+        # 5. record telemetry, tell the drafter
+        self.observe(rnd, accepted, emitted, verify_seconds=time.perf_counter() - t1)
+        return emitted
+
+    def propose(self, request: Request, drafter_name: str | None, k: int) -> "Round":
+        """Step 1 for one request: clamp k, ask the drafter, time it."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        context = len(request.tokens) - 1  # tokens in the target's cache
+        # Draft no further than the request may still emit (the target adds one) and fits.
+        room = min(request.max_new_tokens - len(request.output) - 1,
+                   self.max_positions - context - 2)
+        k = max(0, min(k, room)) if drafter_name else 0
+        t0 = time.perf_counter()
+        drafter = self.drafter_for(request, drafter_name) if k else None
+        draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
+        return Round(request, drafter_name if drafter else "none", k, drafter, draft,
+                     draft.tokens[:k], context, time.perf_counter() - t0)
+
+    @staticmethod
+    def accept(rnd: "Round", target_logits: torch.Tensor) -> tuple[int, int]:
+        """Step 3 for one request: target_logits (len(draft_tokens) + 1, V) -> (accepted, next_token)."""
+        request, draft_tokens = rnd.request, rnd.draft_tokens
         if request.sampling.greedy:
             # on CUDA the fused Triton verification kernel; on CPU the pure function
             accept = fused_greedy_accept if target_logits.is_cuda else greedy_accept
-            accepted, next_token = accept(draft_tokens, target_logits)
-        else:
-            target_probs = probs_from_logits(target_logits, request.sampling)
-            draft_probs = draft.draft_probs[:len(draft_tokens)] if draft.draft_probs is not None else None
-            accepted, next_token = rejection_accept(draft_tokens, draft_probs, target_probs,
-                                                    request.generator)
+            return accept(draft_tokens, target_logits)
+        target_probs = probs_from_logits(target_logits, request.sampling)
+        draft_probs = rnd.draft.draft_probs
+        draft_probs = draft_probs[:len(draft_tokens)] if draft_probs is not None else None
+        return rejection_accept(draft_tokens, draft_probs, target_probs, request.generator)
 
-        # 4. roll back the target's cache to what is now the context (all but next_token)
-        rollback(request.cache, context + 1 + accepted)
-        emitted = self._append(request, draft_tokens[:accepted] + [next_token])
-        t2 = time.perf_counter()
-
-        # 5. record telemetry, tell the drafter
-        verify_tokens = len(draft_tokens) + 1
-        moved = self.target_weight_bytes + self.target_kv_bytes * context + draft.bytes_read
+    def observe(self, rnd: "Round", accepted: int, emitted: list[int], verify_seconds: float,
+                batch_size: int = 1, batch_tokens: int | None = None) -> StepRecord:
+        """Step 5 for one request: its StepRecord, and the drafter told what was kept. In a
+        batch the weights are read once for all rows: each row is charged its share."""
+        request = rnd.request
+        verify_tokens = len(rnd.draft_tokens) + 1
+        moved = (self.target_weight_bytes // batch_size + self.target_kv_bytes * rnd.context
+                 + rnd.draft.bytes_read)
         record = StepRecord(
-            request_id=request.request_id, step=len(request.steps),
-            drafter=drafter_name if drafter else "none", k=k, proposed=len(draft_tokens),
-            accepted=accepted, emitted=len(emitted), draft_seconds=t1 - t0,
-            verify_seconds=t2 - t1, verify_tokens=verify_tokens, context_tokens=context,
-            bytes_moved=moved, bandwidth_gbs=moved / (t2 - t0) / 1e9)
+            request_id=request.request_id, step=len(request.steps), drafter=rnd.drafter_name,
+            k=rnd.k, proposed=len(rnd.draft_tokens), accepted=accepted, emitted=len(emitted),
+            draft_seconds=rnd.draft_seconds, verify_seconds=verify_seconds,
+            verify_tokens=verify_tokens, context_tokens=rnd.context, bytes_moved=moved,
+            bandwidth_gbs=moved / (rnd.draft_seconds + verify_seconds) / 1e9,
+            batch_size=batch_size, batch_tokens=batch_tokens or verify_tokens)
         request.steps.append(record)
-        if drafter:
-            drafter.observe(Verified(len(draft_tokens), accepted, emitted))
-        return emitted
+        if rnd.drafter:
+            rnd.drafter.observe(Verified(len(rnd.draft_tokens), accepted, emitted))
+        return record
 
     def _context(self, request: Request) -> DraftContext:
         return DraftContext(request.tokens, request.sampling, request.generator, request.prompt_len)
@@ -193,7 +232,7 @@ class Engine:
             if token in self.eos_ids:
                 request.finish_reason = "stop"
             elif (len(request.output) >= request.max_new_tokens
-                  or len(request.tokens) >= self.models.max_positions):
+                  or len(request.tokens) >= self.max_positions):
                 request.finish_reason = "length"
             if request.done:
                 break

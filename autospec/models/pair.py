@@ -85,14 +85,20 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def kv_bytes_per_token(model: nn.Module) -> int:
-    """Bytes of K and V one cached token occupies across all layers."""
+def kv_shape(model: nn.Module) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of the model's KV cache."""
     cfg = model.config
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return cfg.num_hidden_layers, kv_heads, head_dim
+
+
+def kv_bytes_per_token(model: nn.Module) -> int:
+    """Bytes of K and V one cached token occupies across all layers."""
+    layers, kv_heads, head_dim = kv_shape(model)
     elem = next(model.parameters()).element_size()
-    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem
+    return 2 * layers * kv_heads * head_dim * elem
 
 
 def early_exit_view(target: nn.Module, layer: int) -> nn.Module:

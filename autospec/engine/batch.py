@@ -1,0 +1,313 @@
+"""Continuous batching: every active request advances in ONE target forward per step.
+
+Each row of the verify forward is one request's [newest] + draft, with its own drafter and k
+(k = 0 allowed), right-padded to the longest row. Rows have their own cache lengths, which
+transformers' DynamicCache cannot hold (its crop cuts every row to one length), hence
+`RowCache`: per layer a preallocated (B_max, kv_heads, L_max, head_dim) K and V, a length per
+slot, and roll-back = setting a length, as gpt-fast does (rejected entries are overwritten by
+the next forward). A forward writes each row's real tokens at that row's own offset; row i's
+query t sits at position length_i + t and sees cache positions <= that — its own valid prefix
+and its own causal part, never another row's entries nor its padding. The mask is passed to the
+model as a 4-D additive float mask (0 = attend, dtype min = not): transformers 5.x's
+create_causal_mask returns a 4-D mask as it is (masking_utils._preprocess_mask_arguments), and
+an additive mask is right for both the sdpa and the eager attention (eager adds it; a boolean
+one would be added as 0/1). K and V are returned only up to the longest position any row of
+the forward reads (`span`), not the full L_max: attention over unused slots costs as much as
+over used ones, and on a CPU it is not free.
+
+Choices:
+- a joining request is prefilled by a forward of its own (batch 1, into its slot): simplest
+  correct; a long prompt then delays the other rows' step once, as in a non-chunked server.
+- drafting is per row through the existing drafter objects (one draft-model forward per row
+  and draft position), not yet one batched draft-model forward per position.
+- a request must fit its row: prompt + max_new_tokens <= max_len, checked when it joins.
+- telemetry: each row gets its own StepRecord, as Engine.step writes it; verify_seconds is the
+  batch's verify phase (every row waited for all of it), batch_size and batch_tokens say what
+  the forward held, and each row is charged 1/batch_size of the weight bytes.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol, Sequence
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from autospec.engine.kv import cached_forward
+from autospec.engine.loop import Controller, Engine, Generation, Request, StaticController
+from autospec.engine.sampling import SamplingParams
+from autospec.models.pair import ModelPair, kv_shape
+
+DEFAULT_MAX_LEN = 2048  # per row, when the caller gives none (and the target allows it)
+
+
+@dataclass
+class Bound:
+    """Where the rows of the forward in progress sit in the cache (n rows, T tokens each)."""
+    slots: torch.Tensor  # (n,) the rows' slots
+    contiguous: bool  # slots are 0..n-1: read a view instead of gathering
+    write_slot: torch.Tensor  # (N,) slot of each real (non-padding) input token
+    write_pos: torch.Tensor  # (N,) its cache position
+    valid: torch.Tensor  # (n, T) bool, a real token and not padding
+    span: int  # cache positions read: max over rows of length_i + tokens_i
+
+    def read(self, store: torch.Tensor) -> torch.Tensor:
+        """(B_max, H, L_max, D) -> the forward's rows, (n, H, span, D)."""
+        if self.contiguous:
+            return store[:len(self.slots), :, :self.span]
+        return store[self.slots, :, :self.span]
+
+
+class RowLayer(CacheLayerMixin):
+    """One decoder layer's K and V for every slot: (B_max, kv_heads, L_max, head_dim)."""
+    is_sliding = False
+
+    def __init__(self, owner: "RowCache", shape: tuple[int, ...], dtype: torch.dtype,
+                 device: torch.device):
+        super().__init__()
+        self.owner = owner
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        pass  # preallocated
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """key_states (n, H, T, D): write each row's real tokens at its own offset; return the
+        rows' K and V up to the span, (n, H, span, D)."""
+        bound = self.owner.bound
+        self.keys[bound.write_slot, :, bound.write_pos] = key_states.transpose(1, 2)[bound.valid]
+        self.values[bound.write_slot, :, bound.write_pos] = value_states.transpose(1, 2)[bound.valid]
+        return bound.read(self.keys), bound.read(self.values)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.bound.span, 0
+
+    def get_seq_length(self) -> int:
+        return max(self.owner.lengths)
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+
+class RowCache(Cache):
+    """A KV cache of `max_batch` slots with a length each; a request holds one slot."""
+
+    def __init__(self, model, max_batch: int, max_len: int):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_len < 2:
+            raise ValueError(f"max_len must be >= 2, got {max_len}")
+        layers, kv_heads, head_dim = kv_shape(model)
+        param = next(model.parameters())
+        shape = (max_batch, kv_heads, max_len, head_dim)
+        super().__init__(layers=[RowLayer(self, shape, param.dtype, param.device)
+                                 for _ in range(layers)])
+        self.max_batch, self.max_len = max_batch, max_len
+        self.device, self.dtype = param.device, param.dtype
+        self.lengths = [0] * max_batch  # tokens cached per slot
+        self.free = list(range(max_batch))  # free slots, lowest first
+        self.bound: Bound | None = None
+
+    def claim(self) -> int:
+        """The lowest free slot, emptied."""
+        if not self.free:
+            raise ValueError(f"the batch is full: all {self.max_batch} rows (max_batch) are in use")
+        slot = self.free.pop(0)
+        self.lengths[slot] = 0
+        return slot
+
+    def release(self, slot: int) -> None:
+        if slot in self.free:
+            raise ValueError(f"slot {slot} is not in use")
+        self.lengths[slot] = 0
+        self.free.append(slot)
+        self.free.sort()
+
+    def bind(self, slots: Sequence[int], n_tokens: Sequence[int],
+             position_limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Set up a forward of rows `slots` feeding n_tokens[i] real tokens each (padded to T).
+        Returns position_ids (n, T) and the additive mask (n, 1, T, span)."""
+        lengths = torch.tensor([self.lengths[s] for s in slots])
+        counts = torch.tensor(list(n_tokens))
+        offsets = torch.arange(int(counts.max()))
+        valid = offsets[None, :] < counts[:, None]  # (n, T)
+        positions = lengths[:, None] + offsets[None, :]  # (n, T)
+        span = int((lengths + counts).max())
+        if span > self.max_len:
+            raise ValueError(f"a row would reach position {span}; rows hold {self.max_len} (max_len)")
+        slot_ids = torch.tensor(list(slots))
+        self.bound = Bound(slot_ids.to(self.device), list(slots) == list(range(len(slots))),
+                           slot_ids[:, None].expand_as(valid)[valid].to(self.device),
+                           positions[valid].to(self.device), valid.to(self.device), span)
+        # row i's query t (position length_i + t) sees cache positions 0 .. length_i + t
+        allowed = torch.arange(span)[None, None, :] <= positions[:, :, None]  # (n, T, span)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        # padding may run past the model's positions (learned embeddings): its output is unused
+        position_ids = positions.clamp(max=position_limit - 1)
+        return position_ids.to(self.device), mask[:, None].to(self.device)
+
+
+class BatchController(Protocol):
+    """What `run` asks each step: a (drafter or None, k) per row. A controller without
+    decide_batch is asked row by row (decide), so every per-request controller works."""
+    def decide_batch(self, requests: Sequence[Request]) -> list[tuple[str | None, int]]: ...
+
+
+def decide_batch(controller: Controller, requests: Sequence[Request]) -> list[tuple[str | None, int]]:
+    batch = getattr(controller, "decide_batch", None)
+    return batch(requests) if batch else [controller.decide(r) for r in requests]
+
+
+@dataclass
+class Job:
+    """One request for `BatchEngine.run`: what Engine.start takes."""
+    prompt: str | list[int]
+    max_new_tokens: int = 64
+    sampling: SamplingParams = SamplingParams()
+    seed: int = 0
+    workload: str | None = None
+    request_id: str | None = None
+
+
+class BatchEngine(Engine):
+    """An Engine whose requests share one RowCache and advance together (`step_batch`, `run`).
+    start / step / finish / generate work as on Engine: a request takes a row at start (its
+    prefill) and gives it back at finish."""
+
+    def __init__(self, models: ModelPair, max_batch: int, max_len: int | None = None,
+                 drafter_options: dict[str, dict] | None = None):
+        super().__init__(models, drafter_options)
+        max_len = max_len or min(models.max_positions, DEFAULT_MAX_LEN)
+        if max_len > models.max_positions:
+            raise ValueError(f"max_len {max_len} exceeds the target's {models.max_positions} positions")
+        self.cache = RowCache(models.target, max_batch, max_len)
+
+    @property
+    def max_batch(self) -> int:
+        return self.cache.max_batch
+
+    @property
+    def max_positions(self) -> int:
+        return self.cache.max_len
+
+    # -- rows join and leave ------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, request: Request) -> None:
+        """Check the request fits a row, take a free one, prefill all its tokens but the last
+        into it (a forward of its own)."""
+        need = request.prompt_len + request.max_new_tokens
+        if need > self.cache.max_len:
+            raise ValueError(f"request needs {need} positions (prompt {request.prompt_len} + "
+                             f"max_new_tokens {request.max_new_tokens}); a batch row holds "
+                             f"{self.cache.max_len} (max_len)")
+        request.cache = self.cache.claim()
+        if request.prompt_len > 1:
+            try:
+                self._forward([request.cache], [request.tokens[:-1]], last=1)
+            except BaseException:
+                self.cache.release(request.cache)
+                raise
+        self.cache.lengths[request.cache] = request.prompt_len - 1
+
+    def finish(self, request: Request) -> Generation:
+        """Free the request's row (at once: the next request may join it) and summarise."""
+        if isinstance(request.cache, int):
+            self.cache.release(request.cache)
+            request.cache = None
+        return super().finish(request)
+
+    # -- the loop -----------------------------------------------------------------------
+    def step(self, request: Request, drafter_name: str | None, k: int) -> list[int]:
+        return self.step_batch([(request, drafter_name, k)])[0]
+
+    @torch.inference_mode()
+    def step_batch(self, decisions: Sequence[tuple[Request, str | None, int]]) -> list[list[int]]:
+        """One speculative round for every (request, drafter, k) in one target forward.
+        Returns the tokens appended to each request."""
+        slots = [request.cache for request, _, _ in decisions]
+        if len(set(slots)) != len(slots) or not all(isinstance(s, int) for s in slots):
+            raise ValueError("step_batch needs distinct requests, each started on this engine")
+        # 1. propose: each row asks its own drafter for its own k
+        rounds = [self.propose(request, name, k) for request, name, k in decisions]
+        t1 = time.perf_counter()
+
+        # 2. verify: one target forward over every row's [newest token] + draft, (n, T, V)
+        inputs = [[rnd.request.tokens[-1], *rnd.draft_tokens] for rnd in rounds]
+        target_logits = self._forward(slots, inputs)
+
+        emitted, accepted = [], []
+        for i, rnd in enumerate(rounds):
+            # 3. accept, row by row (each with its own generator when sampling)
+            n_accepted, next_token = self.accept(rnd, target_logits[i, :len(inputs[i])])
+            # 4. roll back: the row's length is its context (all but next_token)
+            self.cache.lengths[rnd.request.cache] = rnd.context + 1 + n_accepted
+            accepted.append(n_accepted)
+            emitted.append(self._append(rnd.request, rnd.draft_tokens[:n_accepted] + [next_token]))
+
+        # 5. record telemetry, tell the drafters
+        verify_seconds = time.perf_counter() - t1
+        batch_tokens = sum(map(len, inputs))
+        for rnd, n_accepted, tokens in zip(rounds, accepted, emitted):
+            self.observe(rnd, n_accepted, tokens, verify_seconds, len(rounds), batch_tokens)
+        return emitted
+
+    def _forward(self, slots: list[int], inputs: list[list[int]], last: int | None = None):
+        """Logits (n, T, V) of the rows' token lists, right-padded, each at its own offset."""
+        width = max(map(len, inputs))
+        input_ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in inputs],
+                                 device=self.cache.device)
+        position_ids, mask = self.cache.bind(slots, [len(ids) for ids in inputs],
+                                             self.models.max_positions)
+        try:
+            return cached_forward(self.models.target, input_ids, self.cache, self.kwarg, last,
+                                  position_ids=position_ids, attention_mask=mask)
+        finally:
+            self.cache.bound = None
+
+    def run(self, jobs: Iterable[Job], controller: Controller | None = None,
+            max_batch: int | None = None,
+            on_tokens: Callable[[Request, list[int]], None] | None = None) -> list[Generation]:
+        """Continuous batching over `jobs`, in order, with up to max_batch rows (default: the
+        cache's). Between steps finished rows leave and the next jobs join their slots.
+        Closed loop: max_batch clients, each submitting its next job when its last one ends,
+        so a request's `started` (hence its wall time and time to first token) is when its
+        client sent it. Returns the generations in job order."""
+        max_batch = self.max_batch if max_batch is None else max_batch
+        if not 1 <= max_batch <= self.max_batch:
+            raise ValueError(f"max_batch must be in 1..{self.max_batch} (the cache's rows), "
+                             f"got {max_batch}")
+        controller = controller or StaticController(None, 0)
+        pending = deque(enumerate(jobs))
+        results: list[Generation | None] = [None] * len(pending)
+        submitted = deque([time.perf_counter()] * max_batch)  # when each client sent its next job
+        active: dict[int, Request] = {}
+        while pending or active:
+            while pending and len(active) < max_batch:
+                i, job = pending.popleft()
+                request = self.start(job.prompt, job.max_new_tokens, job.sampling, job.seed,
+                                     job.request_id, job.workload)
+                request.started = submitted.popleft()
+                active[i] = request
+            rows = list(active.items())
+            requests = [request for _, request in rows]
+            t0 = time.perf_counter()
+            choices = decide_batch(controller, requests)
+            t1 = time.perf_counter()
+            emitted = self.step_batch([(r, *choice) for r, choice in zip(requests, choices)])
+            t2 = time.perf_counter()
+            for request in requests:
+                controller.update(request.steps[-1], request)
+            share = ((t1 - t0) + (time.perf_counter() - t2)) / len(requests)
+            for (i, request), tokens in zip(rows, emitted):
+                request.steps[-1].controller_seconds = share
+                if on_tokens:
+                    on_tokens(request, tokens)
+                if request.done:
+                    results[i] = self.finish(active.pop(i))
+                    submitted.append(time.perf_counter())
+        return results
