@@ -37,7 +37,7 @@ def check_pair_args(pair, target, draft) -> None:
                                f"--target/--draft, not {given} with it")
 
 
-def load_engine(target, draft, dtype, pair=None):
+def load_engine(target, draft, dtype, pair=None, drafter_options: dict | None = None):
     """Engine or a ClickException naming what is wrong (no traceback for bad input)."""
     from autospec.engine.loop import Engine
     from autospec.models.pair import ModelLoadError, load_pair
@@ -47,4 +47,4 @@ def load_engine(target, draft, dtype, pair=None):
         models = load_named_pair(pair, dtype) if pair else load_pair(target, draft, dtype)
     except ModelLoadError as exc:
         raise click.ClickException(str(exc)) from None
-    return Engine(models)
+    return Engine(models, drafter_options)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from autospec.cli.options import draft_option, dtype_option, load_engine, pair_option, target_option
+from autospec.serve.openai import TENANT_FIELDS
 
 
 @click.command()
@@ -23,10 +24,16 @@ from autospec.cli.options import draft_option, dtype_option, load_engine, pair_o
               help="Seconds between parameter pulls from the daemon.")
 @click.option("--buffer", "buffer_limit", default=10_000, show_default=True,
               type=click.IntRange(min=1), help="Telemetry records kept while the daemon is away.")
+@click.option("--no-share", is_flag=True,
+              help="The suffix drafter drafts from the current request only: no request reads "
+                   "another's output (sets drafter_options.suffix.share to false).")
+@click.option("--tenant-field", default=None, type=click.Choice(TENANT_FIELDS),
+              help="Keep each tenant's outputs apart, the tenant read from this request field "
+                   "(required in every request). Default: one shared index for all requests.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name, params_interval,
-          buffer_limit, log_level):
+          buffer_limit, no_share, tenant_field, log_level):
     """OpenAI /v1/completions and /v1/chat/completions (with SSE streaming) on the engine and
     the online controller."""
     import asyncio
@@ -40,8 +47,12 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
     if not is_loopback(host):
         click.echo(f"warning: serving on {host}, reachable from the network, without "
                    f"authentication", err=True)
+    if no_share and tenant_field:
+        raise click.UsageError("--no-share shares nothing: there are no tenants to keep apart "
+                               "(give one of --no-share, --tenant-field)")
     configure_logging(log_level)
-    engine = load_engine(target, draft, dtype, pair)
+    engine = load_engine(target, draft, dtype, pair,
+                         {"suffix": {"share": False}} if no_share else None)
     pair_name = engine.models.key
     client = None
     if daemon_url:
@@ -50,7 +61,8 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
                                   buffer_limit=buffer_limit, peak_bandwidth_gbs=peak_bandwidth_gbs())
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--daemon") from None
-    server = Server(engine, model_name or pair_name, client, params_interval)
+    server = Server(engine, model_name or pair_name, client, params_interval,
+                    tenant_field=tenant_field)
     try:
         code = asyncio.run(run_serve(server, host, port, announce=click.echo))
     except OSError as exc:

@@ -8,7 +8,15 @@ cap). Fields OpenAI defines that this server does not implement (stop, logprobs,
 penalties, best_of, logit_bias, suffix; for chat also tools, response_format) are refused with
 400 unless they hold their no-op default — silently ignoring them would return wrong output.
 autospec's own field: "autospec": {"method": "adaptive" | "plain" | "static:DRAFTER:K",
-"workload": NAME}.
+"workload": NAME, "tenant": NAME}.
+
+Tenants (`autospec serve --tenant-field FIELD`): the suffix drafter's shared index of earlier
+outputs is kept apart per tenant, and the tenant is read from one request field the operator
+names — `user` (what stock OpenAI SDKs send without extra fields; it then isolates each end
+user) or `autospec.tenant` (a unit the operator chooses: an organisation, an API key). With
+isolation on, a request without it is refused (a 400, not a silent fall-back to a pool shared
+with others); with it off, `autospec.tenant` is refused (the client would believe it isolated)
+and `user` is accepted and ignored, as OpenAI does.
 """
 from __future__ import annotations
 
@@ -23,6 +31,8 @@ from autospec.models.chat import ChatError, check_messages
 from autospec.telemetry import RequestRecord
 
 MAX_TOKENS_DEFAULT = 16  # OpenAI's default for /v1/completions
+TENANT_FIELDS = ("user", "autospec.tenant")  # where --tenant-field may read the tenant
+MAX_TENANT_CHARS = 256
 _NO_OP = {"stop": (None, [], ""), "logprobs": (None, 0), "echo": (False,), "suffix": (None, ""),
           "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "best_of": (None, 1),
           "logit_bias": (None, {}), "stream_options": (None, {}), "user": None}
@@ -57,6 +67,7 @@ class Completion:
     workload: str | None
     model: str
     messages: tuple[dict, ...] | None = None  # a chat request (/v1/chat/completions)
+    tenant: str | None = None  # keys the shared suffix index (only with --tenant-field)
 
 
 def _number(payload: dict, name: str, default, lo: float, hi: float, integer: bool = False):
@@ -84,7 +95,8 @@ def parse_method(text) -> Method:
                          "autospec.method")
 
 
-def parse_completion(payload, model_name: str, max_tokens_limit: int) -> Completion:
+def parse_completion(payload, model_name: str, max_tokens_limit: int,
+                     tenant_field: str | None = None) -> Completion:
     _check_fields(payload, _FIELDS, _NO_OP)
     prompt = payload.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -95,10 +107,12 @@ def parse_completion(payload, model_name: str, max_tokens_limit: int) -> Complet
     elif not isinstance(prompt, str) or not prompt:
         raise InvalidRequest("prompt: expected a non-empty string (or one string in a list, or "
                              "a list of token ids)", "prompt")
-    return _parse_common(payload, model_name, max_tokens_limit, MAX_TOKENS_DEFAULT, prompt=prompt)
+    return _parse_common(payload, model_name, max_tokens_limit, MAX_TOKENS_DEFAULT, tenant_field,
+                         prompt=prompt)
 
 
-def parse_chat(payload, model_name: str, max_tokens_limit: int) -> Completion:
+def parse_chat(payload, model_name: str, max_tokens_limit: int,
+               tenant_field: str | None = None) -> Completion:
     """A /v1/chat/completions request; its messages are rendered later, by the server."""
     _check_fields(payload, _CHAT_FIELDS, _CHAT_NO_OP)
     try:
@@ -113,7 +127,7 @@ def parse_chat(payload, model_name: str, max_tokens_limit: int) -> Completion:
                                  f"max_completion_tokens ({limit!r}) differ: give one",
                                  "max_completion_tokens")
         payload = {**payload, "max_tokens": limit}
-    return _parse_common(payload, model_name, max_tokens_limit, max_tokens_limit,
+    return _parse_common(payload, model_name, max_tokens_limit, max_tokens_limit, tenant_field,
                          prompt=None, messages=messages)
 
 
@@ -129,7 +143,7 @@ def _check_fields(payload, known: set, no_ops: dict) -> None:
 
 
 def _parse_common(payload: dict, model_name: str, max_tokens_limit: int, max_tokens_default: int,
-                  **prompt) -> Completion:
+                  tenant_field: str | None, **prompt) -> Completion:
     """The fields completions and chat completions share."""
     if payload.get("n", 1) != 1:
         raise InvalidRequest(f"n: only 1 is supported, got {payload['n']!r}", "n")
@@ -137,8 +151,9 @@ def _parse_common(payload: dict, model_name: str, max_tokens_limit: int, max_tok
     if not isinstance(stream, bool):
         raise InvalidRequest(f"stream: expected true or false, got {stream!r}", "stream")
     extension = payload.get("autospec") or {}
-    if not isinstance(extension, dict) or set(extension) - {"method", "workload"}:
-        raise InvalidRequest("autospec: expected {\"method\": ..., \"workload\": ...}", "autospec")
+    if not isinstance(extension, dict) or set(extension) - {"method", "workload", "tenant"}:
+        raise InvalidRequest("autospec: expected {\"method\": ..., \"workload\": ..., "
+                             "\"tenant\": ...}", "autospec")
     workload = extension.get("workload")
     if workload is not None and (not isinstance(workload, str) or not 0 < len(workload) <= 128):
         raise InvalidRequest(f"autospec.workload: expected a name of 1..128 characters, "
@@ -154,7 +169,26 @@ def _parse_common(payload: dict, model_name: str, max_tokens_limit: int, max_tok
         top_k=_number(payload, "top_k", 0, 0, 1 << 20, True),
         seed=_number(payload, "seed", 0, 0, 2 ** 63 - 1, True),
         stream=stream, method=parse_method(extension.get("method", "adaptive")),
-        workload=workload, model=model_name)
+        workload=workload, model=model_name,
+        tenant=_tenant({"user": payload.get("user"), "autospec.tenant": extension.get("tenant")},
+                       tenant_field))
+
+
+def _tenant(given: dict[str, object], tenant_field: str | None) -> str | None:
+    """The request's tenant, from the field the server reads it from (see the module
+    docstring). given: {field: value or None} for each of TENANT_FIELDS."""
+    if tenant_field != "autospec.tenant" and given["autospec.tenant"] is not None:
+        where = (f"reads the tenant from {tenant_field}" if tenant_field else
+                 "does not keep tenants apart (start it with --tenant-field autospec.tenant)")
+        raise InvalidRequest(f"autospec.tenant: this server {where}", "autospec.tenant")
+    if tenant_field is None:
+        return None
+    value = given[tenant_field]
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_TENANT_CHARS:
+        raise InvalidRequest(f"{tenant_field}: required by this server, which keeps tenants' "
+                             f"outputs apart: a string of 1..{MAX_TENANT_CHARS} characters, got "
+                             f"{value!r:.80}", tenant_field)
+    return value
 
 
 def k_shares(record: RequestRecord) -> dict[str, float]:

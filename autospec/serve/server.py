@@ -7,6 +7,11 @@ requests queue for the decode thread. Everything else happens on the event loop 
 waits on the daemon: finished requests' telemetry goes to the DaemonClient's bounded buffer,
 parameters are pulled every `params_interval` seconds and applied on the decode thread between
 requests (the controllers are the decode thread's alone, so they need no lock).
+
+Tenants (`tenant_field`, see openai.py): each tenant decodes through an Engine of its own over
+the same models, whose suffix options name the tenant, so its drafters read and feed that
+tenant's shared index only. An Engine over loaded models is a few attributes, and the engine
+never branches on drafter type: the tenant reaches the drafter as an option like any other.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from aiohttp import web
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.factory import make_controller
 from autospec.daemon.service import stop_on_signals
+from autospec.drafters.base import known_drafters
 from autospec.engine.loop import Engine, Generation
 from autospec.engine.textstream import TextStream
 from autospec.models.chat import ChatError, encode_chat
@@ -43,14 +49,21 @@ def settings_for(params: dict | None, workload: str | None) -> ControllerSetting
 
 class Server:
     def __init__(self, engine: Engine, model_name: str, daemon: DaemonClient | None = None,
-                 params_interval: float = 5.0, max_tokens_limit: int | None = None):
+                 params_interval: float = 5.0, max_tokens_limit: int | None = None,
+                 tenant_field: str | None = None):
+        if tenant_field not in (None, *openai.TENANT_FIELDS):
+            raise ValueError(f"tenant field {tenant_field!r}: expected one of "
+                             f"{', '.join(openai.TENANT_FIELDS)}")
         self.engine = engine
+        self.tenant_field = tenant_field
+        self.engines: dict[str, Engine] = {}  # tenant -> its engine (the decode thread's)
         self.model_name = model_name
         self.daemon = daemon
         self.params_interval = params_interval
         self.max_tokens_limit = max_tokens_limit or engine.models.max_positions
         self.decode = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autospec-decode")
-        self.available = engine.models.available_drafters()
+        # every registered drafter the pair can run: a policy may list suffix or a plugin
+        self.available = engine.models.available_drafters(tuple(known_drafters()))
         self.params: dict | None = None  # the last GET /v1/params answer
         self.controllers: dict[str | None, AdaptiveController] = {}
         self.served = 0
@@ -88,6 +101,17 @@ class Server:
                                         f"the target's limit is {limit} positions", "messages")
         return dataclasses.replace(req, prompt=ids)
 
+    def engine_for(self, tenant: str | None) -> Engine:
+        """The engine whose suffix drafters use `tenant`'s shared index (None: the server's)."""
+        if tenant is None:
+            return self.engine
+        engine = self.engines.get(tenant)
+        if engine is None:
+            options = dict(self.engine.drafter_options)
+            options["suffix"] = {**options.get("suffix", {}), "tenant": tenant}
+            engine = self.engines[tenant] = Engine(self.engine.models, options)
+        return engine
+
     def generate(self, req: openai.Completion, on_text) -> Generation:
         method = req.method
         if method.kind == "adaptive":
@@ -99,7 +123,7 @@ class Server:
             controller = make_controller(method)
         text = TextStream(self.engine.models.tokenizer) if on_text else None
         callback = (lambda tokens: on_text(text.add(tokens))) if on_text else None
-        generation = self.engine.generate(
+        generation = self.engine_for(req.tenant).generate(
             req.prompt, controller=controller, max_new_tokens=req.max_tokens,
             temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
             workload=req.workload, on_tokens=callback)
@@ -123,7 +147,7 @@ class Server:
             return _error(400, "body is not valid JSON")
         loop = asyncio.get_running_loop()
         try:
-            req = parse(payload, self.model_name, self.max_tokens_limit)
+            req = parse(payload, self.model_name, self.max_tokens_limit, self.tenant_field)
             if req.messages is not None:
                 req = await loop.run_in_executor(self.decode, self.render, req)
         except openai.InvalidRequest as exc:
