@@ -7,6 +7,9 @@
     ctl:fixed[:DRAFTER:K]        baseline controllers (controller/baselines.py); DRAFTER
     ctl:hf-heuristic[:DRAFTER]   defaults to draft-model, fixed's K to 4
     ctl:ema[:DRAFTER]
+    ctl:batch-table[:DRAFTER[:TABLE]]   batch size -> K, K = 0 above the table's largest size;
+                                 TABLE is SIZE=K/SIZE=K/..., e.g. 1=4/4=2/8=1 (the default:
+                                 controller/baselines.py DEFAULT_BATCH_TABLE)
     hf:generate                  transformers' own generate() (bench only)
     hf:assisted[:K], hf:prompt-lookup[:K], hf:early-exit[:K]   its assisted generation, K = 4
     oracle, oracle-per-category  picked afterwards from a bench run's static methods
@@ -21,12 +24,13 @@ from pathlib import Path
 CTL_DEFAULT_DRAFTER = "draft-model"
 CTL_FIXED_K = 4
 HF_DEFAULT_K = 4
-_CTL = ("fixed", "hf-heuristic", "ema")
+_CTL = ("fixed", "hf-heuristic", "ema", "batch-table")
 _HF = ("generate", "assisted", "prompt-lookup", "early-exit")
 ORACLES = ("oracle", "oracle-per-category")
 KNOWN = ("plain, static:DRAFTER:K, adaptive, adaptive:POLICY.yaml, ctl:fixed[:DRAFTER:K], "
-         "ctl:hf-heuristic[:DRAFTER], ctl:ema[:DRAFTER], hf:generate, hf:assisted[:K], "
-         "hf:prompt-lookup[:K], hf:early-exit[:K], oracle, oracle-per-category")
+         "ctl:hf-heuristic[:DRAFTER], ctl:ema[:DRAFTER], ctl:batch-table[:DRAFTER[:TABLE]], "
+         "hf:generate, hf:assisted[:K], hf:prompt-lookup[:K], hf:early-exit[:K], oracle, "
+         "oracle-per-category")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class Method:
     baseline: str | None = None  # ctl: fixed | hf-heuristic | ema; hf: generate | assisted |
     #                              prompt-lookup | early-exit; oracle: oracle | oracle-per-category
     policy_path: str | None = None  # adaptive:POLICY.yaml
+    table: tuple[tuple[int, int], ...] | None = None  # ctl:batch-table: (batch size, K), sizes up
     settings: object = field(default=None, compare=False, repr=False)  # its ControllerSettings
 
     def __str__(self) -> str:
@@ -87,7 +92,10 @@ def parse_method(text: str) -> Method:
         if parts[1] == "fixed" and len(parts) <= 4:
             k = _k(parts[3], text) if len(parts) == 4 else CTL_FIXED_K
             return Method(text, "ctl", drafter, k, baseline="fixed")
-        if parts[1] != "fixed" and len(parts) <= 3:
+        if parts[1] == "batch-table" and len(parts) <= 4:
+            table = _table(parts[3], text) if len(parts) == 4 else None
+            return Method(text, "ctl", drafter, baseline=parts[1], table=table)
+        if parts[1] not in ("fixed", "batch-table") and len(parts) <= 3:
             return Method(text, "ctl", drafter, baseline=parts[1])
     if text == "hf:generate":
         return Method(text, "hf", baseline="generate")
@@ -123,3 +131,23 @@ def _k(text: str, method: str) -> int:
     if k <= 0:
         raise ValueError(f"K must be >= 1 in method '{method}', got {k}")
     return k
+
+
+def _table(text: str, method: str) -> tuple[tuple[int, int], ...]:
+    """SIZE=K/SIZE=K/... -> ((size, k), ...) by size: sizes >= 1, distinct; K >= 0."""
+    entries = []
+    for entry in text.split("/"):
+        size, _, k = entry.partition("=")
+        try:
+            size, k = int(size), int(k)
+        except ValueError:
+            raise ValueError(f"batch table entry '{entry}' in method '{method}' is not SIZE=K "
+                             f"(e.g. 1=4/4=2/8=1)") from None
+        if size < 1 or k < 0:
+            raise ValueError(f"batch table entry '{entry}' in method '{method}': SIZE must be "
+                             f">= 1 and K >= 0")
+        entries.append((size, k))
+    sizes = [size for size, _ in entries]
+    if len(set(sizes)) != len(sizes):
+        raise ValueError(f"batch table in method '{method}' lists a batch size twice")
+    return tuple(sorted(entries))

@@ -17,6 +17,8 @@ POLICY = Path(__file__).resolve().parents[1] / "policies" / "mixed.yaml"
     ("ctl:fixed:ngram:3", ("ctl", "ngram", 3, "fixed")),
     ("ctl:hf-heuristic:ngram", ("ctl", "ngram", None, "hf-heuristic")),
     ("ctl:ema", ("ctl", "draft-model", None, "ema")),
+    ("ctl:batch-table", ("ctl", "draft-model", None, "batch-table")),
+    ("ctl:batch-table:ngram:8=1/1=4", ("ctl", "ngram", None, "batch-table")),
     ("hf:generate", ("hf", None, None, "generate")),
     ("hf:assisted", ("hf", None, 4, "assisted")),
     ("hf:prompt-lookup:2", ("hf", None, 2, "prompt-lookup")),
@@ -46,6 +48,9 @@ def test_a_policy_file_is_read_once_when_parsed(monkeypatch):
     ("static:ngram:0", "K must be >= 1 in method 'static:ngram:0', got 0"),
     ("hf:assisted:x", "K must be an integer in method 'hf:assisted:x', got 'x'"),
     ("adaptive:nope.yaml", "method 'adaptive:nope.yaml': nope.yaml: cannot read"),
+    ("ctl:batch-table:ngram:4", "batch table entry '4' in method 'ctl:batch-table:ngram:4' is not SIZE=K"),
+    ("ctl:batch-table:ngram:0=2", "batch table entry '0=2' in method 'ctl:batch-table:ngram:0=2': SIZE must be >= 1"),
+    ("ctl:batch-table:ngram:2=1/2=3", "lists a batch size twice"),
 ])
 def test_bad_methods_name_the_method(text, error):
     with pytest.raises(ValueError) as err:
@@ -70,3 +75,16 @@ def test_available_drafters_need_a_draft_model_only_for_draft_model(tiny_pair):
     assert tiny_pair.available_drafters() == ("ngram", "draft-model", "early-exit")
     target_only = dataclasses.replace(tiny_pair, draft=None, draft_name=None)
     assert target_only.available_drafters() == ("ngram", "early-exit")
+
+
+def test_batch_table_drafts_the_k_of_the_batch_size_and_nothing_above_the_table():
+    """TensorRT-LLM's draft_len_schedule: the K of the smallest size >= the batch; K = 0
+    (plain decoding, no drafter) above the largest size."""
+    method = parse_method("ctl:batch-table:ngram:8=1/1=4/4=2")
+    assert method.table == ((1, 4), (4, 2), (8, 1))
+    controller = make_controller(method)
+    assert [controller.k_for(b) for b in (1, 2, 4, 5, 8, 9, 16)] == [4, 2, 2, 1, 1, 0, 0]
+    assert controller.decide_batch([None] * 3) == [("ngram", 2)] * 3
+    assert controller.decide_batch([None] * 9) == [(None, 0)] * 9
+    assert controller.decide(None) == ("ngram", 4)  # a request on its own
+    assert make_controller(parse_method("ctl:batch-table")).table == ((1, 4), (4, 2), (8, 1))

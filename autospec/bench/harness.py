@@ -173,7 +173,9 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
     return report
 
 
-def _stats(cells: list[Cell], same: bool | None) -> dict:
+def cell_stats(cells: list[Cell], same: bool | None) -> dict:
+    """STATS (DESIGN.md's keys) over one method's cells, one per repeat: tokens/s is the
+    median of the repeats' rates; bench under load (load.py) adds its own keys to these."""
     rates = [c.tokens / c.wall_s for c in cells if c.wall_s > 0]
     tokens = sum(c.tokens for c in cells)
     proposed = sum(c.proposed for c in cells)
@@ -204,9 +206,9 @@ def _merge(cells: list[Cell]) -> Cell:
 
 
 def _stats_for(by_category: dict, categories: list[str], repeats: int, same) -> dict:
-    per_cat = {c: _stats([by_category[c][r] for r in range(repeats)], same) for c in categories}
+    per_cat = {c: cell_stats([by_category[c][r] for r in range(repeats)], same) for c in categories}
     overall = [_merge([by_category[c][r] for c in categories]) for r in range(repeats)]
-    return {OVERALL: _stats(overall, same), "by_category": per_cat}
+    return {OVERALL: cell_stats(overall, same), "by_category": per_cat}
 
 
 def _add_speedups(report: dict, categories: list[str]) -> None:
@@ -236,7 +238,7 @@ def _oracle(report: dict, data: Measurements, categories: list[str], repeats: in
              for c in categories}
     overall = [_merge([data.cells[picks[c]][c][r] for c in categories]) for r in range(repeats)]
     same = all(methods[picks[c]][OVERALL]["identical_to_plain"] is not False for c in categories)
-    return {OVERALL: {**_stats(overall, same), "picked": picks},
+    return {OVERALL: {**cell_stats(overall, same), "picked": picks},
             "by_category": {c: {**methods[picks[c]]["by_category"][c], "picked": picks[c]}
                             for c in categories},
             "picked": picks}

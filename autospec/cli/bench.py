@@ -23,6 +23,17 @@ def default_prompts() -> Path:
     return Path(str(files("autospec.configs") / "workloads" / "reference.jsonl"))
 
 
+def _levels(ctx, param, value: str | None) -> list[int] | None:
+    """--concurrency's list, or click's error naming the bad entry."""
+    if value is None:
+        return None
+    from autospec.bench.load import parse_concurrency
+    try:
+        return parse_concurrency(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command()
 @click.option("--methods", default=DEFAULT_METHODS, show_default=True,
               help="Comma-separated: plain, static:DRAFTER:K, hf:generate, hf:assisted[:K], "
@@ -43,12 +54,16 @@ def default_prompts() -> Path:
               help="Also record a replay trace (greedy): every drafter's agreement at every "
                    "output position, and the measured costs. See `autospec replay`.")
 @click.option("--record-k-max", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--concurrency", default=None, callback=_levels,
+              help="Also run each method under N closed-loop clients through the batched "
+                   "engine, for each N of a comma-separated list (e.g. 1,4,16): throughput, "
+                   "inter-token latency and time to first token, in the JSON's by_concurrency.")
 @pair_option
 @target_option
 @draft_option
 @dtype_option
 def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, limit, json_path,
-          record_path, record_k_max, pair, target, draft, dtype):
+          record_path, record_k_max, concurrency, pair, target, draft, dtype):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
     from autospec.bench.harness import format_table, load_prompts, run_bench
     from autospec.method import parse_methods
@@ -74,9 +89,20 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     try:
         report = run_bench(engine, prompts, method_list, repeats, max_new_tokens, temperature,
                            seed, progress=lambda m: click.echo(m, err=True))
+        if concurrency:
+            from autospec.bench.load import run_load
+            report["by_concurrency"] = run_load(engine, prompts, method_list, concurrency,
+                                                max_new_tokens, temperature, seed, repeats,
+                                                progress=lambda m: click.echo(m, err=True))
+            report["settings"]["concurrency"] = concurrency
+            report["settings"]["not_under_load"] = [m.spec for m in method_list
+                                                    if not m.is_controller]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_table(report))
+    if concurrency:
+        from autospec.bench.load import format_load_table
+        click.echo("\n" + format_load_table(report["by_concurrency"]))
     measured = report["measured"]
     click.echo(f"\nv(K) = {json.dumps({k: round(v, 3) for k, v in measured['v'].items()})}")
     click.echo(f"c    = {json.dumps({k: round(v, 3) for k, v in measured['c'].items()})}")
@@ -95,3 +121,4 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2) + "\n")
         click.echo(f"wrote {json_path}", err=True)
+

@@ -4,11 +4,12 @@ policy.py, which imports the controller)."""
 from __future__ import annotations
 
 from autospec.controller.adaptive import DEFAULT_DRAFTERS, AdaptiveController, ControllerSettings
-from autospec.controller.baselines import EMAController, HFHeuristicController
+from autospec.controller.baselines import (DEFAULT_BATCH_TABLE, BatchTableController, EMAController,
+                                           HFHeuristicController)
 from autospec.engine.loop import Controller, StaticController
 
 NAMES = ("plain", "static:DRAFTER:K", "adaptive", "adaptive:POLICY.yaml", "ctl:fixed[:DRAFTER:K]",
-         "ctl:hf-heuristic[:DRAFTER]", "ctl:ema[:DRAFTER]")
+         "ctl:hf-heuristic[:DRAFTER]", "ctl:ema[:DRAFTER]", "ctl:batch-table[:DRAFTER[:TABLE]]")
 
 
 def make_controller(method: "Method", available: tuple[str, ...] = DEFAULT_DRAFTERS,
@@ -26,4 +27,6 @@ def make_controller(method: "Method", available: tuple[str, ...] = DEFAULT_DRAFT
         return HFHeuristicController(method.drafter)
     if method.kind == "ctl" and method.baseline == "ema":
         return EMAController(method.drafter)
+    if method.kind == "ctl" and method.baseline == "batch-table":
+        return BatchTableController(method.drafter, method.table or DEFAULT_BATCH_TABLE)
     raise ValueError(f"method '{method}' is not a controller (known: {', '.join(NAMES)})")

@@ -1,0 +1,168 @@
+"""`autospec bench --concurrency 1,4,16`: each method under N closed-loop clients.
+
+At each level N, every method decodes the whole workload (same prompts, same order) through
+one BatchEngine with N rows: N clients, each sending its next prompt as soon as its last one
+finished, so N requests are in flight until the workload runs dry (engine/batch.py, `run`).
+Methods take turns (the order rotates from repeat to repeat) and the repeat with the median
+wall time is reported. Only methods that run on our engine are measured under load (plain,
+static:, adaptive, ctl:); hf: peers and the oracles are left out and named in the report.
+
+What each STATS adds to bench's keys (harness.cell_stats):
+- throughput_tokens_per_s: output tokens / wall seconds of the whole run (for a category: its
+  requests' tokens over the same run's wall seconds); speedup_vs_plain is the ratio of these
+  to plain's at the same concurrency, identical_to_plain compares with that plain run.
+- ttft_p50_ms / ttft_p99_ms: time to first token, from when the client sent the request
+  (queueing and prefill included) to the step that emitted its first token.
+- itl_p50_ms / itl_p99_ms: inter-token latency per token: a step that emits m tokens g
+  seconds after the request's previous emission gives m intervals of g/m (what a reader of the
+  stream sees on average; speculation bunches tokens). Tokens of the first emission have none.
+- tokens_per_s and wall_s: per client — tokens over the summed request latencies.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from autospec.bench.harness import OVERALL, Cell, Prompt, cell_stats, prompt_ids
+from autospec.bench.methods import RunResult
+from autospec.controller.factory import make_controller
+from autospec.engine.batch import BatchEngine, Job
+from autospec.engine.loop import Engine, Generation, Request
+from autospec.engine.sampling import SamplingParams
+from autospec.method import Method
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """'1,4,16' -> [1, 4, 16]; ValueError naming an entry that is not a positive integer."""
+    levels = []
+    for entry in text.split(","):
+        try:
+            level = int(entry.strip())
+        except ValueError:
+            level = 0
+        if level < 1 or str(level) != entry.strip():
+            raise ValueError(f"concurrency entry '{entry.strip()}' is not a positive integer "
+                             f"(give e.g. 1,4,16)")
+        levels.append(level)
+    return list(dict.fromkeys(levels))
+
+
+@dataclass
+class LoadRun:
+    """One method over the workload at one concurrency: results in prompt order, timings."""
+    generations: list[Generation]
+    wall_s: float
+    ttft_s: dict[str, float] = field(default_factory=dict)  # request id -> seconds
+    itl_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+
+def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], levels: list[int],
+             max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
+             repeats: int = 1, progress: Callable[[str], None] | None = None) -> dict:
+    """{"N": {"methods": {METHOD: {"overall": STATS, "by_category": {...}}}}} per level."""
+    methods = [m for m in methods if m.is_controller]
+    encoded = [prompt_ids(engine, p) for p in prompts]
+    limits = [p.max_new_tokens or max_new_tokens for p in prompts]
+    jobs = [Job(ids, n, SamplingParams(temperature), seed, p.category)
+            for ids, n, p in zip(encoded, limits, prompts)]
+    max_len = max(len(ids) + n for ids, n in zip(encoded, limits))
+    available = engine.models.available_drafters()
+    categories = sorted({p.category for p in prompts})
+    out = {}
+    for level in levels:
+        batch = BatchEngine(engine.models, level, max_len, engine.drafter_options)
+        runs: dict[str, list[LoadRun]] = defaultdict(list)
+        for m in methods:  # warm-up: lazy init, allocator, the drafters' first calls
+            warm = [Job(job.prompt, 4, job.sampling, seed) for job in jobs[:level]]
+            batch.run(warm, make_controller(m, available))
+        for r in range(repeats):
+            for m in methods[r % len(methods):] + methods[:r % len(methods)]:
+                runs[m.spec].append(_run(batch, jobs, make_controller(m, available)))
+                if progress:
+                    progress(f"concurrency {level}, repeat {r + 1}/{repeats}: {m.spec} "
+                             f"{runs[m.spec][-1].wall_s:.1f} s")
+        median = {spec: sorted(rs, key=lambda run: run.wall_s)[len(rs) // 2] for spec, rs in runs.items()}
+        plain = median.get("plain")
+        out[str(level)] = {"methods": {
+            spec: _method_stats(run, prompts, categories, plain, temperature == 0)
+            for spec, run in median.items()}}
+    return out
+
+
+def _run(batch: BatchEngine, jobs: list[Job], controller) -> LoadRun:
+    run = LoadRun([], 0.0)
+    last: dict[str, float] = {}
+
+    def on_tokens(request: Request, tokens: list[int]) -> None:
+        now, rid = time.perf_counter(), request.request_id
+        if rid in last:
+            run.itl_s[rid].extend([(now - last[rid]) / len(tokens)] * len(tokens))
+        else:
+            run.ttft_s[rid] = now - request.started
+        last[rid] = now
+
+    t0 = time.perf_counter()
+    run.generations = batch.run(jobs, controller, on_tokens=on_tokens)
+    run.wall_s = time.perf_counter() - t0
+    return run
+
+
+def _method_stats(run: LoadRun, prompts: list[Prompt], categories: list[str],
+                  plain: LoadRun | None, greedy: bool) -> dict:
+    scopes = {OVERALL: range(len(prompts))}
+    scopes.update({c: [i for i, p in enumerate(prompts) if p.category == c] for c in categories})
+    stats = {}
+    for scope, indices in scopes.items():
+        same = (all(run.generations[i].token_ids == plain.generations[i].token_ids for i in indices)
+                if greedy and plain else None)
+        stats[scope] = _stats(run, indices, same)
+        if plain:
+            base = _stats(plain, indices, None)["throughput_tokens_per_s"]
+            stats[scope]["speedup_vs_plain"] = stats[scope]["throughput_tokens_per_s"] / base if base else None
+    return {OVERALL: stats.pop(OVERALL), "by_category": stats}
+
+
+def _stats(run: LoadRun, indices, same: bool | None) -> dict:
+    cell = Cell()
+    for i in indices:
+        t = run.generations[i].telemetry
+        cell.add(RunResult(run.generations[i].token_ids, t.wall_seconds, t.proposed, t.accepted,
+                           t.steps, t.step_records))
+    ids = [run.generations[i].telemetry.request_id for i in indices]
+    ttft = [run.ttft_s[r] for r in ids]
+    itl = [x for r in ids for x in run.itl_s.get(r, [])]
+    return {**cell_stats([cell], same),
+            "throughput_tokens_per_s": cell.tokens / run.wall_s,
+            "controller_share": cell.controller_s / run.wall_s,  # of the run, not of the clients
+            "run_wall_s": run.wall_s,
+            "itl_p50_ms": _percentile_ms(itl, 50), "itl_p99_ms": _percentile_ms(itl, 99),
+            "ttft_p50_ms": _percentile_ms(ttft, 50), "ttft_p99_ms": _percentile_ms(ttft, 99)}
+
+
+def _percentile_ms(seconds: list[float], q: float) -> float | None:
+    return float(np.percentile(seconds, q)) * 1e3 if seconds else None
+
+
+def format_load_table(by_concurrency: dict) -> str:
+    """Markdown: per concurrency and method, throughput, ITL and TTFT percentiles."""
+    lines = ["| concurrency | method | throughput tok/s (x plain) | ITL p50 / p99 ms | "
+             "TTFT p50 / p99 ms | accept | identical |", "|" + "---|" * 7]
+    for level, entry in by_concurrency.items():
+        for name, stats in entry["methods"].items():
+            s = stats[OVERALL]
+            sp = s["speedup_vs_plain"]
+            acc, same = s["acceptance_rate"], s["identical_to_plain"]
+            lines.append(
+                f"| {level} | {name} | {s['throughput_tokens_per_s']:.1f}"
+                f"{f' ({sp:.2f}x)' if sp else ''} | {_ms(s['itl_p50_ms'])} / {_ms(s['itl_p99_ms'])} | "
+                f"{_ms(s['ttft_p50_ms'])} / {_ms(s['ttft_p99_ms'])} | "
+                f"{'' if acc is None else f'{acc:.2f}'} | {'' if same is None else same} |")
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
