@@ -36,6 +36,18 @@ def test_incremental_index_equals_the_definition_at_every_length(tokens, k, n):
         assert index.propose(k) == ngram_match(np.array(tokens[:end]), n_min, n_max, k)
 
 
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.integers(0, 5), min_size=1, max_size=60), k=st.integers(1, 8),
+       n=st.tuples(st.integers(1, 3), st.integers(0, 3)))
+def test_one_index_answers_for_every_earlier_prefix(tokens, k, n):
+    """The floor replays static n-gram arms from the controller's one index."""
+    n_min, n_max = n[0], n[0] + n[1]
+    index = NgramIndex(n_min, n_max)
+    index.sync(tokens)
+    for at in range(1, len(tokens) + 1):
+        assert index.propose(k, at=at) == ngram_match(np.array(tokens[:at]), n_min, n_max, k)
+
+
 def test_index_rebuilds_when_the_context_is_not_an_extension():
     index = NgramIndex(1, 2)
     index.sync([1, 2, 3, 1, 2])

@@ -27,9 +27,10 @@ from typing import Mapping
 
 import numpy as np
 
-from autospec.controller.decide import PLAIN, decide_step
+from autospec.controller.decide import PLAIN, decide_step, k_for
 from autospec.configcheck import knob
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
+from autospec.controller.floor import PLAIN_ARM, FloorState, RequestFloor
 from autospec.drafters.base import DEFAULT_DRAFTERS, check_drafters, drafter_class
 from autospec.engine.accept import agreeing_prefix
 from autospec.drafters.ngram import NgramIndex
@@ -83,6 +84,18 @@ class ControllerSettings:
     cost_stale_steps: int = knob(64, "forwards without a drafted one after which the verify "
                                     "line's slope is trusted less, reaching the flat prior after "
                                     "as many again (0: never)", "int", low=0, high=1024)
+    # issue 14: the floor makes the controller at worst ~margin behind the best fixed n-gram K
+    floor: bool = knob(True, "follow a fixed n-gram K (4, 8, k_max) or plain decoding while it "
+                             "beats the controller's own measured rate by floor_margin "
+                             "(controller/floor.py)", "bool")
+    floor_margin: float = knob(0.05, "how far the controller may trail the best fixed arm "
+                                     "before the floor takes over", "float", low=0, high=1)
+    # decide + update must stay <= 1 % of a step (issue 14). Reusing the drafter between full
+    # decisions (only K re-chosen, from the means) cost 1-5 % of replayed tokens/s on the
+    # shipped traces at 4 and saved little (one rate-table row costs about what six do), so
+    # the default decides in full every step; the knob stays for very short steps
+    redecide_every: int = knob(1, "steps between full drafter decisions; in between only K is "
+                                  "re-chosen for the drafter in use", "int", low=1, high=64)
     # 0 and 1 would be certainties: a Beta prior with that mean cannot be moved by evidence
     prior_means: Mapping[str, float] = knob(
         dict, f"acceptance mean per drafter before any evidence (unset: {DEFAULT_PRIOR_MEAN})",
@@ -115,6 +128,8 @@ class _RequestState:
     used: set = field(default_factory=set)  # drafters that have run in this request
     ngram: NgramIndex | None = None  # the request's context, indexed for counterfactuals
     proposal: tuple[int, list[int]] = (-1, [])  # (context length, n-gram proposal) at decide
+    fast_left: int = 0  # steps left before the next full decision
+    floor: RequestFloor | None = None  # the floor's fixed arms, replayed through this request
 
 
 @dataclass
@@ -135,6 +150,10 @@ class AdaptiveController:
         self.hints = {d: drafter_class(d).cost_hint for d in self.drafters}
         self.rng = np.random.default_rng(s.seed)
         self._requests: dict[str, _RequestState] = {}
+        # the floor: per workload, the fixed arms' and the controller's own rates
+        self.floors: dict[str, FloorState] = {}
+        self.floor_ks = tuple(sorted({min(k, s.k_max) for k in (4, 8, s.k_max)}))
+        self.use_floor = s.floor and "ngram" in self.drafters
 
     # -- state ---------------------------------------------------------------------------
     def _prior(self, workload: str | None) -> dict[str, AcceptanceEstimate]:
@@ -203,18 +222,38 @@ class AdaptiveController:
         if self.costs.observed == 0:
             return None, 0  # first step of the engine's life: measure a plain step first
         names = self.drafters
-        # (D, k_max) Beta parameters of each drafter's per-position acceptance
-        ab = np.stack([x for d in names for x in self._estimate(state, d).beta()])
-        a, b = ab[0::2], ab[1::2]
-        means = a / (a + b)
-        # which drafter (or plain): Thompson draws, so little-tried drafters get explored
-        draws = self.rng.beta(a, b) if self.settings.thompson else means
+        proposal = None
         if "ngram" in names:
             # n-gram's proposal is known before deciding (dict look-ups): positions past its
             # length cannot be drafted, and with no match at all n-gram is no option this step
             state.ngram.sync(request.tokens)
             proposal = state.ngram.propose(self.settings.k_max)
             state.proposal = (len(request.tokens), proposal)  # the counterfactual reuses it
+        if self.use_floor:
+            if state.floor is None:
+                state.floor = RequestFloor(self.floor_ks, len(request.tokens))
+            arm = state.floor.choice()
+            if arm is not None:
+                state.current = PLAIN if arm == PLAIN_ARM else names.index(arm[0])
+                state.fast_left = 0  # the controller's own turn starts with a full decision
+                return (None, 0) if arm == PLAIN_ARM else arm
+        return self._own(state, request, proposal)
+
+    def _own(self, state: _RequestState, request, proposal: list[int] | None
+             ) -> tuple[str | None, int]:
+        """The policy's own decision (what the floor is measured against)."""
+        names = self.drafters
+        if state.fast_left > 0 and state.current is not None:
+            state.fast_left -= 1
+            return self._keep(state, proposal)
+        state.fast_left = self.settings.redecide_every - 1
+        # (D, k_max) Beta parameters of each drafter's per-position acceptance
+        ab = np.stack([x for d in names for x in self._estimate(state, d).beta()])
+        a, b = ab[0::2], ab[1::2]
+        means = a / (a + b)
+        # which drafter (or plain): Thompson draws, so little-tried drafters get explored
+        draws = self.rng.beta(a, b) if self.settings.thompson else means
+        if proposal is not None:
             i, available = names.index("ngram"), len(proposal)
             if available < means.shape[1]:
                 means[i, available:] = 0.0  # means and draws are this step's own arrays
@@ -236,6 +275,32 @@ class AdaptiveController:
             k = max(k, self.settings.k_min)
         state.current = index
         return drafter, k
+
+    def _keep(self, state: _RequestState, proposal: list[int] | None) -> tuple[str | None, int]:
+        """Between full decisions: the drafter in use, K re-chosen from its posterior means
+        (one row of the rate table), plain decoding where no K pays."""
+        if state.current == PLAIN:
+            return None, 0
+        drafter = self.drafters[state.current]
+        means = self._estimate(state, drafter).mean()
+        if drafter == "ngram" and proposal is not None and len(proposal) < len(means):
+            means = means.copy()
+            means[len(proposal):] = 0.0
+        k = k_for(means, self.costs.draft_seconds(drafter, self.hints[drafter]),
+                  self.costs.verify_seconds(), self.settings.k_max)
+        return (drafter, max(k, self.settings.k_min)) if k else (None, 0)
+
+    def _floor(self, workload: str | None) -> FloorState:
+        key = workload or UNLABELLED
+        floor = self.floors.get(key)
+        if floor is None:
+            floor = self.floors[key] = FloorState()
+        return floor
+
+    @property
+    def floor_steps(self) -> int:
+        """Steps on which the floor chose, over all workloads."""
+        return sum(f.followed for f in self.floors.values())
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
         """What to decide from: the hot regime's estimate right after a fully accepted draft,
@@ -276,6 +341,15 @@ class AdaptiveController:
             if scored is not None:
                 self._observe(state, "ngram", *scored)
                 self._pool(request.workload, "ngram", *scored)
+        if self.use_floor and state.floor is not None:
+            floor = self._floor(request.workload)
+            floor.followed += state.floor.led
+            state.ngram.sync(request.tokens)  # O(new tokens); decide's sync then has none
+            state.floor.observe(request.tokens, record.emitted,
+                                record.draft_seconds + record.verify_seconds, state.ngram,
+                                self.costs.verify_seconds(),
+                                self.costs.draft_seconds("ngram", self.hints["ngram"]), floor,
+                                self.settings.floor_margin)
         if request.done:
             self._requests.pop(request.request_id, None)
 

@@ -49,3 +49,21 @@ def decide_step(draws: np.ndarray, means: np.ndarray, draft_seconds: np.ndarray,
     row = table[d + winner]
     k = int(np.argmax(row[1:])) + 1
     return (winner, k) if row[k] > plain_rate else (PLAIN, 0)
+
+
+def k_for(means: np.ndarray, draft_seconds: float, verify_seconds: np.ndarray,
+          k_limit: int) -> int:
+    """The best K for one drafter under its posterior means (0: plain decoding pays more).
+    `rate_table`'s arithmetic for one row, in Python floats: on the per-step path, where a
+    dozen numpy calls on 16-element arrays cost more than the loop."""
+    k_limit = min(k_limit, len(verify_seconds) - 1, len(means))
+    verify = verify_seconds.tolist()
+    best_k, best_rate = 0, 1.0 / verify[0]
+    expected, survive = 1.0, 1.0
+    for k, alpha in enumerate(means[:k_limit].tolist(), start=1):
+        survive *= alpha
+        expected += survive
+        rate = expected / (draft_seconds * k + verify[k])
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k

@@ -2,11 +2,15 @@
 
 `ngram_match` is the definition, a pure function over a token array. `NgramIndex` gives the
 same answers incrementally for an append-only token list (a request's context only grows):
-a dict from each n-gram to where it last ended and where it ended before that, so a proposal
-costs O(n_max) instead of a scan of the whole context — the controller scores n-gram
-counterfactually every step, so this is on the hot path.
+a dict from each n-gram to every place it ended, so a proposal costs O(n_max + log hits)
+instead of a scan of the whole context — the controller scores n-gram counterfactually every
+step, so this is on the hot path. Keeping every end (not only the latest) answers for any
+earlier prefix too (`propose(k, at=...)`): the controller's floor replays static n-gram arms
+through the request from one index.
 """
 from __future__ import annotations
+
+from bisect import bisect_left
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -33,26 +37,28 @@ def ngram_match(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]
 
 
 class NgramIndex:
-    """ngram_match over an append-only token list, incrementally."""
+    """ngram_match over an append-only token list, incrementally, for the whole list or any
+    prefix of it."""
 
     def __init__(self, n_min: int, n_max: int):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"ngram needs 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[int] = []
-        self._last: dict[tuple, int] = {}  # n-gram -> end (exclusive) of its latest occurrence
-        self._prev: dict[tuple, int] = {}  # n-gram -> end of the occurrence before that
+        self._ends: dict[tuple, list[int]] = {}  # n-gram -> ends (exclusive), increasing
 
     def extend(self, new_tokens) -> None:
-        tokens, last, prev = self.tokens, self._last, self._prev
+        tokens, ends = self.tokens, self._ends
         for token in new_tokens:
             tokens.append(int(token))
             end = len(tokens)
             for n in range(self.n_min, min(self.n_max, end) + 1):
                 gram = tuple(tokens[end - n:end])
-                if gram in last:
-                    prev[gram] = last[gram]
-                last[gram] = end
+                seen = ends.get(gram)
+                if seen is None:
+                    ends[gram] = [end]
+                else:
+                    seen.append(end)
 
     def sync(self, tokens: list[int]) -> None:
         """Index `tokens`, which extend what is indexed (rebuilt if they do not)."""
@@ -62,17 +68,19 @@ class NgramIndex:
             n = 0
         self.extend(tokens[n:])
 
-    def propose(self, k: int) -> list[int]:
-        """Same answer as ngram_match(tokens, n_min, n_max, k)."""
+    def propose(self, k: int, at: int | None = None) -> list[int]:
+        """Same answer as ngram_match(tokens[:at], n_min, n_max, k) (at: default all)."""
         tokens = self.tokens
-        length = len(tokens)
+        length = len(tokens) if at is None else at
         for n in range(min(self.n_max, length - 1), self.n_min - 1, -1):
-            gram = tuple(tokens[length - n:])
-            end = self._last.get(gram)
-            if end == length:  # that is the suffix itself: take the occurrence before it
-                end = self._prev.get(gram)
-            if end is not None:
-                return tokens[end:end + k]
+            ends = self._ends.get(tuple(tokens[length - n:length]))
+            if ends is None:
+                continue
+            # the latest end before `length` (an end at `length` is the suffix itself)
+            i = len(ends) - 1 if ends[-1] < length else bisect_left(ends, length) - 1
+            if i >= 0:
+                end = ends[i]
+                return tokens[end:min(end + k, length)]
         return []
 
 
