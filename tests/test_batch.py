@@ -206,3 +206,10 @@ def test_step_records_from_before_batching_still_parse():
     assert StepRecord.from_dict(new.to_dict()) == new
     with pytest.raises(ValueError, match="batch_tokens: expected a finite number"):
         StepRecord.from_dict({**old, "batch_tokens": "many"})
+
+
+def test_a_job_that_cannot_start_ends_the_run_and_frees_the_rows(tiny_pair):
+    engine = BatchEngine(tiny_pair, max_batch=2, max_len=32)
+    with pytest.raises(ValueError, match="request needs 50 positions"):
+        engine.run([Job([1, 2], 20), Job([3, 4], 20), Job(list(range(40)), 10)])
+    assert sorted(engine.cache.free) == [0, 1]

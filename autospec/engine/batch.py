@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -152,13 +152,10 @@ class RowCache(Cache):
         return position_ids.to(self.device), mask[:, None].to(self.device)
 
 
-class BatchController(Protocol):
-    """What `run` asks each step: a (drafter or None, k) per row. A controller without
-    decide_batch is asked row by row (decide), so every per-request controller works."""
-    def decide_batch(self, requests: Sequence[Request]) -> list[tuple[str | None, int]]: ...
-
-
 def decide_batch(controller: Controller, requests: Sequence[Request]) -> list[tuple[str | None, int]]:
+    """What `run` asks each step: a (drafter or None, k) per row. A controller may decide for
+    the whole batch (`decide_batch(requests)`, e.g. a batch size -> K table); one without is
+    asked row by row (`decide`), so every per-request controller works unchanged."""
     batch = getattr(controller, "decide_batch", None)
     return batch(requests) if batch else [controller.decide(r) for r in requests]
 
@@ -286,28 +283,32 @@ class BatchEngine(Engine):
         results: list[Generation | None] = [None] * len(pending)
         submitted = deque([time.perf_counter()] * max_batch)  # when each client sent its next job
         active: dict[int, Request] = {}
-        while pending or active:
-            while pending and len(active) < max_batch:
-                i, job = pending.popleft()
-                request = self.start(job.prompt, job.max_new_tokens, job.sampling, job.seed,
-                                     job.request_id, job.workload)
-                request.started = submitted.popleft()
-                active[i] = request
-            rows = list(active.items())
-            requests = [request for _, request in rows]
-            t0 = time.perf_counter()
-            choices = decide_batch(controller, requests)
-            t1 = time.perf_counter()
-            emitted = self.step_batch([(r, *choice) for r, choice in zip(requests, choices)])
-            t2 = time.perf_counter()
-            for request in requests:
-                controller.update(request.steps[-1], request)
-            share = ((t1 - t0) + (time.perf_counter() - t2)) / len(requests)
-            for (i, request), tokens in zip(rows, emitted):
-                request.steps[-1].controller_seconds = share
-                if on_tokens:
-                    on_tokens(request, tokens)
-                if request.done:
-                    results[i] = self.finish(active.pop(i))
-                    submitted.append(time.perf_counter())
+        try:
+            while pending or active:
+                while pending and len(active) < max_batch:
+                    i, job = pending.popleft()
+                    request = self.start(job.prompt, job.max_new_tokens, job.sampling, job.seed,
+                                         job.request_id, job.workload)
+                    request.started = submitted.popleft()
+                    active[i] = request
+                rows = list(active.items())
+                requests = [request for _, request in rows]
+                t0 = time.perf_counter()
+                choices = decide_batch(controller, requests)
+                t1 = time.perf_counter()
+                emitted = self.step_batch([(r, *choice) for r, choice in zip(requests, choices)])
+                t2 = time.perf_counter()
+                for request in requests:
+                    controller.update(request.steps[-1], request)
+                share = ((t1 - t0) + (time.perf_counter() - t2)) / len(requests)
+                for (i, request), tokens in zip(rows, emitted):
+                    request.steps[-1].controller_seconds = share
+                    if on_tokens:
+                        on_tokens(request, tokens)
+                    if request.done:
+                        results[i] = self.finish(active.pop(i))
+                        submitted.append(time.perf_counter())
+        finally:  # a job that cannot start (too long) ends the run: free the rows in flight
+            for request in active.values():
+                self.cache.release(request.cache)
         return results
