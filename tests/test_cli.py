@@ -1,5 +1,6 @@
 """The CLI, driven through click's CliRunner: bad input is one clear line, never a traceback."""
 import json
+from pathlib import Path
 
 import pytest
 from clirun import error_line, invoke
@@ -92,3 +93,41 @@ def test_bench_bad_prompts_file(pair_args, tmp_path):
     bad.write_text('{"id": "a", "prompt": "x", "category": "c"}\n{"id": "b", "prompt": 3}\n')
     result = run("bench", "--prompts", str(bad), *pair_args)
     assert "w.jsonl:2: field 'prompt'" in error_line(result)
+
+
+@pytest.mark.parametrize("option, message", [
+    ("suffix.min_confidence=2", "suffix.min_confidence: expected a number in [0, 1], got 2"),
+    ("suffix.bogus=1", "suffix.bogus: unknown field (accepted: budget_tokens, depth, "
+                       "min_confidence, share, tenant)"),
+    ("ngram.n_maxx=2", "drafter 'ngram' has no option 'n_maxx' (accepted: n_min, n_max)"),
+    ("foo.n=2", "unknown drafter 'foo'"),
+    ("ngram=2", "expected DRAFTER.NAME=VALUE"),
+])
+def test_bench_bad_drafter_option(pair_args, option, message):
+    result = run("bench", "--drafter-option", option, *pair_args)
+    assert message in error_line(result)
+
+
+def test_bench_suffix_history_is_per_method_and_repeat(pair_args, tmp_path):
+    """Each method and repeat starts with an empty cross-request history: otherwise the second
+    method to run a prompt would find the first one's answer to it in the shared index."""
+    from autospec.bench.methods import make_runner
+    from autospec.drafters.suffix import shared_index
+    from autospec.method import parse_method
+    from autospec.cli.options import load_engine
+    engine = load_engine(pair_args[1], pair_args[3], "float32")
+    runners = [make_runner(parse_method("static:suffix:4"), engine) for _ in range(2)]
+    for i, runner in enumerate(runners):
+        runner.new_history(f"m{i} #0")
+        runner(engine.encode("def f(x):\n    return x\n"), 8, 0.0, 0, None)
+    assert len(shared_index(engine.models, "bench m0 #0")) > 0
+    assert len(shared_index(engine.models, "bench m1 #0")) > 0
+    assert len(shared_index(engine.models, None)) == 0  # the engine's own stayed untouched
+    out = tmp_path / "b.json"
+    policy = Path(__file__).resolve().parent.parent / "policies" / "suffix.yaml"
+    result = run("bench", "--limit", "1", "--max-new-tokens", "12", "--repeats", "2",
+                 "--methods", f"plain,static:suffix:4,adaptive:{policy}",
+                 "--drafter-option", "suffix.min_confidence=0", "--json", str(out), *pair_args)
+    assert result.exit_code == 0, result.output
+    methods = json.loads(out.read_text())["methods"]
+    assert all(m["overall"]["identical_to_plain"] for m in methods.values())

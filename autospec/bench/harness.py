@@ -136,6 +136,8 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
     data = Measurements()
     total = repeats * len(prompts)
     for r in range(repeats):
+        for m in measured:  # cross-request history (suffix) starts empty per method and repeat
+            getattr(runners[m], "new_history", lambda tag: None)(f"{m} #{r}")
         for i, p in enumerate(prompts):
             limit = p.max_new_tokens or max_new_tokens
             order = measured[i % len(measured):] + measured[:i % len(measured)]

@@ -54,13 +54,25 @@ def make_runner(method: Method, engine: Engine) -> Runner:
 
 
 def _ours(engine: Engine, controller) -> Runner:
+    engines = [engine]
+
     def run(ids, max_new_tokens, temperature, seed, workload):
         t0 = time.perf_counter()
-        out = engine.generate(ids, controller=controller, max_new_tokens=max_new_tokens,
-                              temperature=temperature, seed=seed, workload=workload)
+        out = engines[0].generate(ids, controller=controller, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, seed=seed, workload=workload)
         wall = time.perf_counter() - t0
         t = out.telemetry
         return RunResult(out.token_ids, wall, t.proposed, t.accepted, t.steps, t.step_records)
+
+    def new_history(tag: str) -> None:
+        """Start a fresh cross-request history (the suffix drafter's shared index) under
+        `tag`: each method and repeat learns only from its own earlier requests — sharing one
+        would hand a method the very answers another already produced for the same prompts."""
+        options = dict(engine.drafter_options)
+        options["suffix"] = {**options.get("suffix", {}), "tenant": f"bench {tag}"}
+        engines[0] = Engine(engine.models, options)
+
+    run.new_history = new_history
     return run
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from autospec.cli.options import (check_pair_args, draft_option, dtype_option, load_engine,
-                                  pair_option, target_option)
+from autospec.cli.options import (check_pair_args, draft_option, drafter_options_option,
+                                  dtype_option, load_engine, pair_option, target_option)
 
 DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ngram:8,"
                    "static:draft-model:1,static:draft-model:2,static:draft-model:4,"
@@ -62,8 +62,9 @@ def _levels(ctx, param, value: str | None) -> list[int] | None:
 @target_option
 @draft_option
 @dtype_option
+@drafter_options_option
 def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, limit, json_path,
-          record_path, record_k_max, concurrency, pair, target, draft, dtype):
+          record_path, record_k_max, concurrency, pair, target, draft, dtype, drafter_options):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
     from autospec.bench.harness import format_table, load_prompts, run_bench
     from autospec.method import parse_methods
@@ -77,7 +78,7 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
         seen: dict[str, int] = {}
         prompts = [p for p in prompts if seen.setdefault(p.category, 0) < limit
                    and not seen.__setitem__(p.category, seen[p.category] + 1)]
-    engine = load_engine(target, draft, dtype, pair)
+    engine = load_engine(target, draft, dtype, pair, drafter_options)
     available = engine.models.available_drafters()
     skipped = [m for m in method_list if not set(m.needs_drafters) <= set(available)]
     if skipped and methods == DEFAULT_METHODS:

@@ -24,6 +24,48 @@ target_option = click.option("--target", default=None, metavar="PATH",
                              help="Target model (HF dir or id). Default: the shipped reference target.")
 draft_option = click.option("--draft", default=None, metavar="PATH",
                             help="Draft model. Default: the reference draft when --target is unset.")
+def _drafter_options(ctx, param, values) -> dict[str, dict]:
+    """--drafter-option DRAFTER.NAME=VALUE entries -> {drafter: {name: value}}, each value
+    read as a YAML scalar and checked where the drafter declares its options (suffix); an
+    unknown drafter or option, or a bad value, is click's error naming the entry."""
+    import inspect
+
+    import yaml
+
+    from autospec.drafters.base import drafter_class
+    options: dict[str, dict] = {}
+    for entry in values:
+        name, eq, raw = entry.partition("=")
+        drafter, dot, key = name.partition(".")
+        if not (eq and dot and drafter and key):
+            raise click.BadParameter(f"'{entry}': expected DRAFTER.NAME=VALUE, "
+                                     f"e.g. suffix.min_confidence=0")
+        try:
+            cls = drafter_class(drafter)
+        except ValueError as exc:
+            raise click.BadParameter(f"'{entry}': {exc}") from None
+        accepted = [n for n in inspect.signature(cls.__init__).parameters
+                    if n not in ("self", "models", "options")]
+        checker = getattr(cls, "options_class", None)
+        if checker is None and key not in accepted:
+            raise click.BadParameter(f"'{entry}': drafter '{drafter}' has no option '{key}' "
+                                     f"(accepted: {', '.join(accepted) or 'none'})")
+        options.setdefault(drafter, {})[key] = yaml.safe_load(raw)
+    for drafter, given in options.items():
+        checker = getattr(drafter_class(drafter), "options_class", None)
+        if checker is not None:
+            try:
+                checker.check(given, where=f"--drafter-option {drafter}")
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
+    return options
+
+
+drafter_options_option = click.option(
+    "--drafter-option", "drafter_options", multiple=True, callback=_drafter_options,
+    metavar="DRAFTER.NAME=VALUE",
+    help="A drafter's option for every method of the run, e.g. suffix.min_confidence=0 or "
+         "ngram.n_max=3 (repeatable).")
 dtype_option = click.option("--dtype", default="float32", show_default=True,
                             type=click.Choice(["float32", "bfloat16", "float16"]),
                             help="Compute dtype (float32 keeps greedy output token-identical).")
