@@ -114,6 +114,16 @@ class ControllerSettings:
         object.__setattr__(self, "prior_means", MappingProxyType(dict(self.prior_means)))
 
 
+def confidence_bucket(draft) -> str | None:
+    """"c0" / "c1" / "c2": the first drafted token's confidence below 0.5, below 0.9, above;
+    None for a draft without confidences (or an empty one)."""
+    confidences = getattr(draft, "confidences", None)
+    if not confidences:
+        return None
+    first = confidences[0]
+    return "c0" if first < 0.5 else "c1" if first < 0.9 else "c2"
+
+
 @dataclass
 class _RequestState:
     """Per request: discounted estimates per drafter. Acceptance is bursty — a model copying
@@ -129,6 +139,9 @@ class _RequestState:
     ngram: NgramIndex | None = None  # the request's context, indexed for counterfactuals
     proposal: tuple[int, list[int]] = (-1, [])  # (context length, n-gram proposal) at decide
     fast_left: int = 0  # steps left before the next full decision
+    # drafter -> the confidence bucket of its proposal this step (look-up drafters whose
+    # drafts carry confidences: the suffix drafter); its estimates are kept per bucket
+    bucket: dict[str, str] = field(default_factory=dict)
     floor: RequestFloor | None = None  # the floor's fixed arms, replayed through this request
 
 
@@ -154,6 +167,10 @@ class AdaptiveController:
         self.floors: dict[str, FloorState] = {}
         self.floor_ks = tuple(sorted({min(k, s.k_max) for k in (4, 8, s.k_max)}))
         self.use_floor = s.floor and "ngram" in self.drafters
+        # look-up drafters besides n-gram (which the controller indexes itself): their
+        # proposal is seen before deciding (Engine.peek), its length and confidence are evidence
+        self.peeking = tuple(d for d in self.drafters
+                             if d != "ngram" and drafter_class(d).peekable)
 
     # -- state ---------------------------------------------------------------------------
     def _prior(self, workload: str | None) -> dict[str, AcceptanceEstimate]:
@@ -229,6 +246,14 @@ class AdaptiveController:
             state.ngram.sync(request.tokens)
             proposal = state.ngram.propose(self.settings.k_max)
             state.proposal = (len(request.tokens), proposal)  # the counterfactual reuses it
+        lengths = {} if proposal is None else {"ngram": len(proposal)}
+        peek = getattr(request, "peek", None)
+        if self.peeking and peek is not None:
+            for drafter in self.peeking:
+                draft = peek(drafter, self.settings.k_max)
+                if draft is not None:
+                    lengths[drafter] = len(draft.tokens)
+                    state.bucket[drafter] = confidence_bucket(draft)
         if self.use_floor:
             if state.floor is None:
                 state.floor = RequestFloor(self.floor_ks, len(request.tokens))
@@ -237,15 +262,15 @@ class AdaptiveController:
                 state.current = PLAIN if arm == PLAIN_ARM else names.index(arm[0])
                 state.fast_left = 0  # the controller's own turn starts with a full decision
                 return (None, 0) if arm == PLAIN_ARM else arm
-        return self._own(state, request, proposal)
+        return self._own(state, request, lengths)
 
-    def _own(self, state: _RequestState, request, proposal: list[int] | None
+    def _own(self, state: _RequestState, request, lengths: dict[str, int]
              ) -> tuple[str | None, int]:
         """The policy's own decision (what the floor is measured against)."""
         names = self.drafters
         if state.fast_left > 0 and state.current is not None:
             state.fast_left -= 1
-            return self._keep(state, proposal)
+            return self._keep(state, lengths)
         state.fast_left = self.settings.redecide_every - 1
         # (D, k_max) Beta parameters of each drafter's per-position acceptance
         ab = np.stack([x for d in names for x in self._estimate(state, d).beta()])
@@ -253,9 +278,11 @@ class AdaptiveController:
         means = a / (a + b)
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
         draws = self.rng.beta(a, b) if self.settings.thompson else means
-        if proposal is not None:
-            i, available = names.index("ngram"), len(proposal)
+        for drafter, available in lengths.items():
+            # positions past a look-up's proposal cannot be drafted (and with no proposal at
+            # all that drafter is no option this step)
             if available < means.shape[1]:
+                i = names.index(drafter)
                 means[i, available:] = 0.0  # means and draws are this step's own arrays
                 if draws is not means:
                     draws[i, available:] = 0.0
@@ -276,16 +303,17 @@ class AdaptiveController:
         state.current = index
         return drafter, k
 
-    def _keep(self, state: _RequestState, proposal: list[int] | None) -> tuple[str | None, int]:
+    def _keep(self, state: _RequestState, lengths: dict[str, int]) -> tuple[str | None, int]:
         """Between full decisions: the drafter in use, K re-chosen from its posterior means
         (one row of the rate table), plain decoding where no K pays."""
         if state.current == PLAIN:
             return None, 0
         drafter = self.drafters[state.current]
         means = self._estimate(state, drafter).mean()
-        if drafter == "ngram" and proposal is not None and len(proposal) < len(means):
+        available = lengths.get(drafter, len(means))
+        if available < len(means):
             means = means.copy()
-            means[len(proposal):] = 0.0
+            means[available:] = 0.0
         k = k_for(means, self.costs.draft_seconds(drafter, self.hints[drafter]),
                   self.costs.verify_seconds(), self.settings.k_max)
         return (drafter, max(k, self.settings.k_min)) if k else (None, 0)
@@ -303,21 +331,39 @@ class AdaptiveController:
         return sum(f.followed for f in self.floors.values())
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
-        """What to decide from: the hot regime's estimate right after a fully accepted draft,
-        else (or while the hot one rests on under MIN_HOT_EVIDENCE drafts, as where acceptance
-        is not bursty and full accepts are rare) the drafter's estimate over all its steps."""
-        if self.settings.regimes and state.hot.get(drafter, False):
-            hot = state.acceptance[drafter, True]
-            if hot.observations()[0] >= MIN_HOT_EVIDENCE:
-                return hot
+        """What to decide from: the estimate of the drafter's regime this step — its proposal's
+        confidence bucket (suffix), else the hot regime right after a fully accepted draft —
+        while that rests on at least MIN_HOT_EVIDENCE drafts (as where acceptance is not bursty
+        and full accepts are rare); else the drafter's estimate over all its steps."""
+        regime = self._regime(state, drafter)
+        if regime is not False:
+            estimate = self._regime_estimate(state, drafter, regime)
+            if estimate.observations()[0] >= MIN_HOT_EVIDENCE:
+                return estimate
         return state.acceptance[drafter, False]
 
+    def _regime(self, state: _RequestState, drafter: str) -> bool | str:
+        """The drafter's regime this step: a confidence bucket, True (hot), False (all)."""
+        bucket = state.bucket.get(drafter)
+        if bucket is not None:
+            return bucket
+        return self.settings.regimes and state.hot.get(drafter, False)
+
+    def _regime_estimate(self, state: _RequestState, drafter: str, regime) -> AcceptanceEstimate:
+        estimate = state.acceptance.get((drafter, regime))
+        if estimate is None:  # a confidence bucket's first step: starts where "all" stands
+            s = self.settings
+            estimate = state.acceptance[drafter, regime] = AcceptanceEstimate(
+                s.k_max, state.acceptance[drafter, False].mean(), s.prior_strength, s.discount)
+        return estimate
+
     def _observe(self, state: _RequestState, drafter: str, proposed: int, accepted: int) -> None:
-        """Every verified draft informs the all-steps estimate; one that followed a fully
-        accepted draft also informs the hot one."""
+        """Every verified draft informs the all-steps estimate, and the estimate of the regime
+        it was drafted in (its confidence bucket, or hot after a fully accepted draft)."""
         state.acceptance[drafter, False].update(proposed, accepted)
-        if state.hot.get(drafter, False):
-            state.acceptance[drafter, True].update(proposed, accepted)
+        regime = self._regime(state, drafter)
+        if regime is not False:
+            self._regime_estimate(state, drafter, regime).update(proposed, accepted)
         state.hot[drafter] = 0 < accepted == proposed
 
     def update(self, record: StepRecord, request) -> None:

@@ -56,6 +56,9 @@ DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
 
 class Drafter(ABC):
     name: str = "?"
+    # propose() is a look-up (no model forward): a controller may see the proposal before it
+    # decides (Engine.peek), and the step reuses it
+    peekable: bool = False
     # Guess of (seconds per drafted token) / (seconds per target step), before measurements.
     cost_hint: float = 0.1
     needs_draft_model: bool = False  # runs only on a pair that has a draft model

@@ -87,6 +87,7 @@ class NgramIndex:
 @register("ngram")
 class NgramDrafter(Drafter):
     cost_hint = 0.01  # microseconds of dict look-ups against milliseconds of target forward
+    peekable = True
 
     def __init__(self, models=None, n_min: int = 1, n_max: int = 4):
         self.index = NgramIndex(n_min, n_max)

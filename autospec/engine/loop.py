@@ -10,6 +10,7 @@ adaptive one in autospec/controller/) decides them between steps.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 import uuid
@@ -64,6 +65,11 @@ class Request:
     steps: list[StepRecord] = field(default_factory=list)
     finish_reason: str | None = None
     started: float = field(default_factory=time.perf_counter)
+    # a look-up drafter's proposal taken before the decision (Engine.peek): drafter ->
+    # (context length, k asked, draft, seconds it took); the step then drafts no second time
+    peeked: dict[str, tuple[int, int, Draft, float]] = field(default_factory=dict)
+    # Engine.peek bound to this request, for a controller that decides from the proposal
+    peek: Callable[[str, int], Draft | None] | None = field(default=None, repr=False)
 
     @property
     def output(self) -> list[int]:
@@ -132,8 +138,22 @@ class Engine:
             request_id=request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}",
             tokens=ids, prompt_len=len(ids), max_new_tokens=max_new_tokens, sampling=sampling,
             generator=torch.Generator().manual_seed(seed), cache=None, workload=workload)
+        request.peek = functools.partial(self.peek, request)
         self.prefill(request)
         return request
+
+    def peek(self, request: Request, name: str, k: int) -> Draft | None:
+        """The proposal drafter `name` would make now, for a controller deciding before the
+        step — only from a look-up drafter (`Drafter.peekable`: ngram, suffix; None from the
+        others, whose proposal is a model's forward). The step that follows at this context
+        uses it (cut to its k) instead of drafting again, and is charged its seconds."""
+        drafter = self.drafter_for(request, name)
+        if not drafter.peekable:
+            return None
+        t0 = time.perf_counter()
+        draft = drafter.propose(self._context(request), k)
+        request.peeked[name] = (len(request.tokens), k, draft, time.perf_counter() - t0)
+        return draft
 
     @torch.inference_mode()
     def prefill(self, request: Request) -> None:
@@ -183,9 +203,15 @@ class Engine:
         k = max(0, min(k, room)) if drafter_name else 0
         t0 = time.perf_counter()
         drafter = self.drafter_for(request, drafter_name) if k else None
-        draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
+        peeked = request.peeked.pop(drafter_name, None) if drafter else None
+        request.peeked.clear()  # looked up at an older context, or for another drafter
+        if peeked is not None and peeked[0] == len(request.tokens) and peeked[1] >= k:
+            draft, looked_up = peeked[2], peeked[3]
+        else:
+            draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
+            looked_up = 0.0
         return Round(request, drafter_name if drafter else "none", k, drafter, draft,
-                     draft.tokens[:k], context, time.perf_counter() - t0)
+                     draft.tokens[:k], context, time.perf_counter() - t0 + looked_up)
 
     @staticmethod
     def accept(rnd: "Round", target_logits: torch.Tensor) -> tuple[int, int]:

@@ -1,0 +1,69 @@
+"""Look-up drafters' proposals seen before the decision (Engine.peek), and reused by the step.
+
+The controller decides K for n-gram and suffix from their proposal (its length, the suffix
+drafter's confidences): the step must then draft nothing twice, use exactly what was seen,
+and never use a proposal looked up at another context.
+"""
+from autospec.controller.adaptive import AdaptiveController, ControllerSettings, confidence_bucket
+from autospec.drafters.base import Draft
+from autospec.drafters.suffix import SuffixDraft
+from autospec.engine.loop import Engine, StaticController
+
+PROMPT = "def f(x):\n    return x + 1\n\ndef g(x):\n    return x + 1\n\ndef f(x):\n"
+
+
+def counting(engine: Engine, request, name: str) -> list[int]:
+    """Wrap the request's drafter's propose; returns the list its calls are counted in."""
+    drafter = engine.drafter_for(request, name)
+    calls, propose = [], drafter.propose
+
+    def counted(ctx, k):
+        calls.append(k)
+        return propose(ctx, k)
+    drafter.propose = counted
+    return calls
+
+
+def test_a_peeked_proposal_is_the_steps_draft_and_is_not_drafted_again(tiny_engine):
+    for name in ("ngram", "suffix"):
+        request = tiny_engine.start(PROMPT, max_new_tokens=16)
+        calls = counting(tiny_engine, request, name)
+        draft = request.peek(name, 8)
+        assert draft is not None and calls == [8]
+        tiny_engine.step(request, name, 4)
+        assert calls == [8], name  # the step reused the look-up
+        assert request.steps[-1].proposed == len(draft.tokens[:4])
+        assert not request.peeked
+
+
+def test_a_stale_or_short_peek_is_not_used(tiny_engine):
+    request = tiny_engine.start(PROMPT, max_new_tokens=16)
+    calls = counting(tiny_engine, request, "ngram")
+    request.peek("ngram", 2)
+    tiny_engine.step(request, "ngram", 4)  # asked for more than was looked up: drafts anew
+    assert calls == [2, 4]
+    request.peek("ngram", 8)
+    tiny_engine.step(request, None, 0)  # a plain step: the look-up is now stale
+    tiny_engine.step(request, "ngram", 4)
+    assert calls == [2, 4, 8, 4]
+
+
+def test_model_drafters_are_not_peeked(tiny_engine):
+    request = tiny_engine.start(PROMPT, max_new_tokens=16)
+    assert request.peek("draft-model", 4) is None
+
+
+def test_confidence_buckets():
+    assert confidence_bucket(Draft([1, 2])) is None
+    assert confidence_bucket(SuffixDraft([1], confidences=[0.3])) == "c0"
+    assert confidence_bucket(SuffixDraft([1], confidences=[0.7])) == "c1"
+    assert confidence_bucket(SuffixDraft([1], confidences=[0.95])) == "c2"
+    assert confidence_bucket(SuffixDraft([], confidences=[])) is None
+
+
+def test_the_controller_with_suffix_is_lossless(tiny_engine):
+    plain = tiny_engine.generate(PROMPT, controller=StaticController(None, 0), max_new_tokens=48)
+    controller = AdaptiveController(ControllerSettings(drafters=("ngram", "suffix", "draft-model")))
+    for _ in range(3):  # later requests find the earlier outputs in the shared index
+        out = tiny_engine.generate(PROMPT, controller=controller, max_new_tokens=48)
+        assert out.token_ids == plain.token_ids
