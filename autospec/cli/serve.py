@@ -27,13 +27,16 @@ from autospec.serve.openai import TENANT_FIELDS
 @click.option("--no-share", is_flag=True,
               help="The suffix drafter drafts from the current request only: no request reads "
                    "another's output (sets drafter_options.suffix.share to false).")
+@click.option("--share-outputs", is_flag=True,
+              help="Share finished outputs with the other processes on the same --daemon (for "
+                   "the suffix drafter; by pair, and by tenant with --tenant-field).")
 @click.option("--tenant-field", default=None, type=click.Choice(TENANT_FIELDS),
               help="Keep each tenant's outputs apart, the tenant read from this request field "
                    "(required in every request). Default: one shared index for all requests.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name, params_interval,
-          buffer_limit, no_share, tenant_field, log_level):
+          buffer_limit, no_share, share_outputs, tenant_field, log_level):
     """OpenAI /v1/completions and /v1/chat/completions (with SSE streaming) on the engine and
     the online controller."""
     import asyncio
@@ -50,6 +53,9 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
     if no_share and tenant_field:
         raise click.UsageError("--no-share shares nothing: there are no tenants to keep apart "
                                "(give one of --no-share, --tenant-field)")
+    if share_outputs and (no_share or not daemon_url):
+        raise click.UsageError("--share-outputs shares through the daemon: it needs --daemon "
+                               "and not --no-share")
     configure_logging(log_level)
     engine = load_engine(target, draft, dtype, pair,
                          {"suffix": {"share": False}} if no_share else None)
@@ -62,7 +68,7 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--daemon") from None
     server = Server(engine, model_name or pair_name, client, params_interval,
-                    tenant_field=tenant_field)
+                    tenant_field=tenant_field, share_outputs=share_outputs)
     try:
         code = asyncio.run(run_serve(server, host, port, announce=click.echo))
     except OSError as exc:

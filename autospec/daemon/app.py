@@ -3,6 +3,7 @@
     POST /v1/telemetry  {"batch_id", "model_pair", "hardware", "records": [RequestRecord],
                          "peak_bandwidth_gbs"?}          -> 200 {"stored": n, "duplicate": bool}
     GET  /v1/params?model_pair=&hardware=[&workload=]    -> the policy's parameters + estimates
+    GET  /v1/suffix?model_pair=&instance=&since=[&epoch=] -> other processes' finished outputs
     POST /v1/reload                                      -> 200, or 422 (last good policy kept)
     GET  /healthz                                        -> 200 {"status": "ok", ...}
     GET  /metrics                                        -> Prometheus text
@@ -10,6 +11,8 @@
 A batch is acknowledged (200) only after it is committed: a client that got its 200 may
 forget the batch; any other outcome means "keep it and send it again" (re-sends are stored
 once, keyed by batch_id). Bad input gets a 4xx naming the problem and stores nothing.
+A batch may carry its requests' outputs for the fleet's suffix drafters ("outputs", see
+autospec/daemon/outputs.py); they are logged once the batch is stored.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import logging
 from aiohttp import web
 
 from autospec.daemon import metrics
+from autospec.daemon.outputs import BadOutputs, parse_outputs
 from autospec.daemon.state import DaemonState, dumps
 from autospec.store import StoreError
 from autospec.telemetry import RequestRecord, TelemetryError
@@ -30,7 +34,7 @@ log = logging.getLogger("autospec.daemon")
 MAX_BODY_BYTES = 16 * 1024 * 1024  # ~50k step records; larger batches are split by the client
 MAX_RECORDS = 10_000
 _ENVELOPE = {"batch_id": 128, "model_pair": 512, "hardware": 512}  # string field -> max length
-_OPTIONAL = ("records", "peak_bandwidth_gbs")
+_OPTIONAL = ("records", "peak_bandwidth_gbs", "outputs")
 STATE = web.AppKey("state", DaemonState)
 ON_BATCH = web.AppKey("on_batch", object)  # called after each acknowledged batch (--burst)
 
@@ -39,8 +43,10 @@ class BadRequest(ValueError):
     pass
 
 
-def parse_batch(body: bytes) -> tuple[str, str, str, list[RequestRecord], float | None]:
-    """Validate a telemetry batch; BadRequest names the first problem found."""
+def parse_batch(body: bytes) -> tuple[str, str, str, list[RequestRecord], float | None,
+                                      tuple[str, list] | None]:
+    """Validate a telemetry batch; BadRequest names the first problem found. The last item:
+    (instance, [(tenant, tokens)]) when the batch carries outputs."""
     try:
         payload = json.loads(body, parse_constant=_refuse_constant)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -75,7 +81,11 @@ def parse_batch(body: bytes) -> tuple[str, str, str, list[RequestRecord], float 
             raise BadRequest(f"records[{i}]: request_id {record.request_id!r} twice in one batch")
         seen.add(record.request_id)
         records.append(record)
-    return payload["batch_id"], payload["model_pair"], payload["hardware"], records, peak
+    try:
+        outputs = parse_outputs(payload["outputs"]) if "outputs" in payload else None
+    except BadOutputs as exc:
+        raise BadRequest(str(exc)) from None
+    return payload["batch_id"], payload["model_pair"], payload["hardware"], records, peak, outputs
 
 
 def _refuse_constant(name: str):
@@ -86,11 +96,24 @@ def _error(status: type[web.HTTPException], message: str) -> web.HTTPException:
     return status(text=dumps({"error": message}), content_type="application/json")
 
 
+def _query(request: web.Request, required: tuple[str, ...], optional: tuple[str, ...]):
+    """The request's query; a 400 naming unknown or missing parameters."""
+    query = request.query
+    unknown = sorted(set(query) - {*required, *optional})
+    if unknown:
+        raise _error(web.HTTPBadRequest, f"unknown query parameter(s) {unknown} "
+                                         f"(accepted: {', '.join([*required, *optional])})")
+    missing = [n for n in required if not query.get(n)]
+    if missing:
+        raise _error(web.HTTPBadRequest, f"missing query parameter(s) {missing}")
+    return query
+
+
 async def telemetry(request: web.Request) -> web.Response:
     state = request.app[STATE]
     body = await request.read()  # over MAX_BODY_BYTES: aiohttp answers 413 itself
     try:
-        batch_id, pair, hardware, records, peak = await asyncio.to_thread(parse_batch, body)
+        batch_id, pair, hardware, records, peak, outputs = await asyncio.to_thread(parse_batch, body)
     except BadRequest as exc:
         state.counters.rejected["bad_telemetry"] += 1
         log.warning("telemetry refused", extra={"fields": {"error": str(exc)[:300]}})
@@ -104,22 +127,27 @@ async def telemetry(request: web.Request) -> web.Response:
         log.error("store refused a batch", extra={"fields": {"batch_id": batch_id,
                                                              "error": str(exc)}})
         raise _error(web.HTTPServiceUnavailable, f"{exc}; keep the batch and send it again") from None
+    if outputs and stored:  # a re-sent batch (stored once) is logged once
+        state.outputs.add(pair, *outputs)
     request.app[ON_BATCH]()
     return web.json_response({"stored": stored, "duplicate": stored == 0, "batch_id": batch_id})
 
 
 async def params(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    query = request.query
-    unknown = sorted(set(query) - {"model_pair", "hardware", "workload"})
-    if unknown:
-        raise _error(web.HTTPBadRequest, f"unknown query parameter(s) {unknown} "
-                                         f"(accepted: model_pair, hardware, workload)")
-    missing = [n for n in ("model_pair", "hardware") if not query.get(n)]
-    if missing:
-        raise _error(web.HTTPBadRequest, f"missing query parameter(s) {missing}")
+    query = _query(request, ("model_pair", "hardware"), ("workload",))
     payload = state.params(query["model_pair"], query["hardware"], query.get("workload") or None)
     return web.Response(text=dumps(payload), content_type="application/json")
+
+
+async def suffix_outputs(request: web.Request) -> web.Response:
+    query = _query(request, ("model_pair", "instance"), ("since", "epoch"))
+    since = query.get("since", "0")
+    if not since.isdigit():
+        raise _error(web.HTTPBadRequest, f"since: expected an integer >= 0, got {since!r:.40}")
+    reply = request.app[STATE].outputs.since(query["model_pair"], query["instance"], int(since),
+                                             query.get("epoch"))
+    return web.Response(text=dumps(reply), content_type="application/json")
 
 
 async def reload(request: web.Request) -> web.Response:
@@ -162,6 +190,7 @@ def make_app(state: DaemonState, token: str | None = None, on_batch=lambda: None
     app[ON_BATCH] = on_batch
     app.router.add_post("/v1/telemetry", telemetry)
     app.router.add_get("/v1/params", params)
+    app.router.add_get("/v1/suffix", suffix_outputs)
     app.router.add_post("/v1/reload", reload)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", prometheus)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autospec.daemon.learner import Learner
+from autospec.daemon.outputs import OutputLog
 from autospec.policy import Policy, PolicyError, load_policy, parameters_to_dict, parse_policy
 from autospec.store import Store
 from autospec.telemetry import UNLABELLED, RequestRecord
@@ -53,6 +54,7 @@ class DaemonState:
         self.snapshots: dict[tuple[str, str], dict] = {}  # replaced whole, read by the loop
         self.dirty: set[tuple[str, str]] = set()
         self.counters = Counters()
+        self.outputs = OutputLog()  # the event loop's (see outputs.py)
         self.started = time.time()
         # one thread for every mutation (see the module docstring); SQLite has one writer anyway
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autospec-store")

@@ -5,6 +5,10 @@ buffer (O(1)); a background task (`run`) sends batches every `flush_interval` se
 keeps its batch_id until the daemon acknowledges it, so a re-send after a timeout or a daemon
 restart is stored once. When the daemon is down the buffer fills up to `buffer_limit` records,
 then the oldest are dropped (and counted): memory stays bounded, serving never waits.
+
+With `share_outputs`, the segments this process's requests hand to their shared suffix indexes
+(`submit_output`, from the decode thread) ride in the same batches, and `fetch_outputs` pulls
+the other processes' (autospec/daemon/outputs.py).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import aiohttp
 from autospec.telemetry import RequestRecord
 
 log = logging.getLogger("autospec.serve")
+OUTPUT_TOKENS_PER_BATCH = 1 << 18  # ~1 MB of JSON; the rest rides in the next batch
 
 
 @dataclass
@@ -33,6 +38,9 @@ class ClientStats:
     failed_sends: int = 0
     dropped_records: int = 0
     params_fetched: int = 0
+    outputs_sent: int = 0  # segments in acknowledged batches
+    outputs_dropped: int = 0
+    outputs_pulled: int = 0
 
 
 def parse_daemon_url(url: str) -> tuple[str, str | None]:
@@ -57,7 +65,10 @@ class DaemonClient:
         self.peak = peak_bandwidth_gbs
         self.buffer: deque[RequestRecord] = deque()
         self.buffer_limit = buffer_limit
-        self.pending: tuple[str, bytes, int] | None = None  # (batch_id, body, records) unacked
+        self.pending: tuple[str, bytes, int, int] | None = None  # (batch_id, body, records,
+        # output segments), unacknowledged
+        self.outputs: deque[tuple[str | None, list[int]]] = deque()  # (tenant, tokens) to send
+        self.outputs_since, self.outputs_epoch = 0, None  # where the last pull ended
         self.instance = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._seq = itertools.count(1)
         self.stats = ClientStats()
@@ -84,6 +95,13 @@ class DaemonClient:
         if len(self.buffer) >= self.batch_size:
             self._wake.set()
 
+    def submit_output(self, tenant: str | None, tokens: list[int]) -> None:
+        """Any thread (deque appends are atomic). A full queue drops its oldest."""
+        if len(self.outputs) >= self.buffer_limit:
+            self.outputs.popleft()
+            self.stats.outputs_dropped += 1
+        self.outputs.append((tenant, list(tokens)))
+
     @property
     def unacknowledged(self) -> int:
         return len(self.buffer) + (self.pending[2] if self.pending else 0)
@@ -92,11 +110,18 @@ class DaemonClient:
         if self.pending is None and self.buffer:
             records = [self.buffer.popleft() for _ in range(min(self.batch_size, len(self.buffer)))]
             batch_id = f"{self.instance}:{next(self._seq)}"
+            segments, tokens = [], 0
+            while self.outputs and tokens < OUTPUT_TOKENS_PER_BATCH:
+                tenant, output = self.outputs.popleft()
+                segments.append({"tenant": tenant, "tokens": output})
+                tokens += len(output)
             body = json.dumps({"batch_id": batch_id, "model_pair": self.model_pair,
                                "hardware": self.hardware,
                                "records": [r.to_dict() for r in records],
-                               **({"peak_bandwidth_gbs": self.peak} if self.peak else {})})
-            self.pending = (batch_id, body.encode(), len(records))
+                               **({"peak_bandwidth_gbs": self.peak} if self.peak else {}),
+                               **({"outputs": {"instance": self.instance, "segments": segments}}
+                                  if segments else {})})
+            self.pending = (batch_id, body.encode(), len(records), len(segments))
         return self.pending
 
     async def send_once(self) -> bool:
@@ -104,7 +129,7 @@ class DaemonClient:
         batch = self._next_batch()
         if batch is None:
             return True
-        batch_id, body, count = batch
+        batch_id, body, count, segments = batch
         try:
             async with self.session.post(f"{self.base}/v1/telemetry", data=body,
                                          headers={"Content-Type": "application/json"}) as reply:
@@ -112,6 +137,7 @@ class DaemonClient:
                     self.pending = None
                     self.stats.acknowledged_batches += 1
                     self.stats.acknowledged_records += count
+                    self.stats.outputs_sent += segments
                     self.connected = True
                     return True
                 text = (await reply.text())[:300]
@@ -121,6 +147,7 @@ class DaemonClient:
                               extra={"fields": {"status": reply.status, "error": text,
                                                 "batch_id": batch_id}})
                     self.stats.dropped_records += count
+                    self.stats.outputs_dropped += segments
                     self.pending = None
                     return True
                 raise aiohttp.ClientResponseError(reply.request_info, (), status=reply.status,
@@ -172,6 +199,27 @@ class DaemonClient:
                 return await reply.json()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
             return None
+
+    async def fetch_outputs(self) -> list[tuple[str | None, list[int]]] | None:
+        """The other processes' segments logged since the last pull ((tenant, tokens) each,
+        oldest first); None if the daemon is unreachable (the next pull catches up)."""
+        pulled = []
+        while True:
+            query = {"model_pair": self.model_pair, "instance": self.instance,
+                     "since": str(self.outputs_since), **({"epoch": self.outputs_epoch}
+                                                          if self.outputs_epoch else {})}
+            try:
+                async with self.session.get(f"{self.base}/v1/suffix", params=query) as reply:
+                    if reply.status != 200:
+                        return pulled or None
+                    body = await reply.json()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+                return pulled or None
+            self.outputs_since, self.outputs_epoch = body["next"], body["epoch"]
+            pulled += [(s["tenant"], s["tokens"]) for s in body["segments"]]
+            self.stats.outputs_pulled += len(body["segments"])
+            if not body["more"]:
+                return pulled
 
     async def close(self) -> None:
         if self._session is not None:

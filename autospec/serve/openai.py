@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from autospec.drafters.base import known_drafters
+from autospec.drafters.suffix import MAX_TENANT_CHARS
 from autospec.method import Method
 from autospec.method import parse_method as parse_method_text
 from autospec.models.chat import ChatError, check_messages
@@ -32,7 +33,6 @@ from autospec.telemetry import RequestRecord
 
 MAX_TOKENS_DEFAULT = 16  # OpenAI's default for /v1/completions
 TENANT_FIELDS = ("user", "autospec.tenant")  # where --tenant-field may read the tenant
-MAX_TENANT_CHARS = 256
 _NO_OP = {"stop": (None, [], ""), "logprobs": (None, 0), "echo": (False,), "suffix": (None, ""),
           "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "best_of": (None, 1),
           "logit_bias": (None, {}), "stream_options": (None, {}), "user": None}

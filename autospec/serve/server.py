@@ -12,6 +12,12 @@ Tenants (`tenant_field`, see openai.py): each tenant decodes through an Engine o
 the same models, whose suffix options name the tenant, so its drafters read and feed that
 tenant's shared index only. An Engine over loaded models is a few attributes, and the engine
 never branches on drafter type: the tenant reaches the drafter as an option like any other.
+
+Fleet sharing (`share_outputs`, with a daemon): the segments this process's requests hand to
+their shared suffix indexes go to the daemon with the telemetry, and every `params_interval`
+the other processes' are pulled and added, each to its tenant's index, on a worker thread
+(a proposal waits for one segment's insertion at most). Why pulled and not queried per
+proposal: autospec/drafters/suffix.py.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.factory import make_controller
 from autospec.daemon.service import stop_on_signals
 from autospec.drafters.base import known_drafters
+from autospec.drafters.suffix import SuffixOptions, export_handoffs, shared_index
 from autospec.engine.loop import Engine, Generation
 from autospec.engine.textstream import TextStream
 from autospec.models.chat import ChatError, encode_chat
@@ -50,12 +57,18 @@ def settings_for(params: dict | None, workload: str | None) -> ControllerSetting
 class Server:
     def __init__(self, engine: Engine, model_name: str, daemon: DaemonClient | None = None,
                  params_interval: float = 5.0, max_tokens_limit: int | None = None,
-                 tenant_field: str | None = None):
+                 tenant_field: str | None = None, share_outputs: bool = False):
         if tenant_field not in (None, *openai.TENANT_FIELDS):
             raise ValueError(f"tenant field {tenant_field!r}: expected one of "
                              f"{', '.join(openai.TENANT_FIELDS)}")
         self.engine = engine
         self.tenant_field = tenant_field
+        self.suffix = SuffixOptions.check(engine.drafter_options.get("suffix", {}))
+        if share_outputs and (daemon is None or not self.suffix.share):
+            raise ValueError("sharing outputs across processes needs a daemon and sharing on")
+        self.share_outputs = share_outputs
+        if share_outputs:
+            export_handoffs(engine.models, daemon.submit_output)
         self.engines: dict[str, Engine] = {}  # tenant -> its engine (the decode thread's)
         self.model_name = model_name
         self.daemon = daemon
@@ -214,10 +227,25 @@ class Server:
         await asyncio.get_running_loop().run_in_executor(self.decode, self.apply_params, params)
         return True
 
+    async def pull_outputs(self) -> int:
+        """Add the other processes' outputs logged since the last pull; how many segments."""
+        if not self.share_outputs:
+            return 0
+        segments = await self.daemon.fetch_outputs()
+        if segments:
+            await asyncio.to_thread(self.add_outputs, segments)
+        return len(segments or ())
+
+    def add_outputs(self, segments: list[tuple[str | None, list[int]]]) -> None:
+        opts = self.suffix
+        for tenant, tokens in segments:
+            shared_index(self.engine.models, tenant, opts.depth, opts.budget_tokens).add(tokens)
+
     async def params_loop(self) -> None:
         while True:
             await asyncio.sleep(self.params_interval)
             await self.pull_params()
+            await self.pull_outputs()
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
@@ -255,6 +283,7 @@ async def run_serve(server: Server, host: str, port: int, announce=print,
     tasks = []
     if server.daemon is not None:
         warm = await server.pull_params()
+        await server.pull_outputs()
         log.info("parameters from the daemon" if warm else
                  "daemon not reachable: starting on the policy defaults",
                  extra={"fields": {"daemon": server.daemon.url}})
