@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from autospec.bench.harness import OVERALL, Cell, Prompt, cell_stats, prompt_ids
-from autospec.bench.methods import RunResult
+from autospec.bench.methods import RunResult, fresh_history
 from autospec.controller.factory import make_controller
 from autospec.engine.batch import BatchEngine, Job
 from autospec.engine.loop import Engine, Generation, Request
@@ -81,6 +81,9 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
             batch.run(warm, make_controller(m, available))
         for r in range(repeats):
             for m in methods[r % len(methods):] + methods[:r % len(methods)]:
+                # cross-request history (suffix) starts empty per level, method and repeat
+                batch.drafter_options = fresh_history(engine.drafter_options,
+                                                      f"load {level} {m} #{r}")
                 runs[m.spec].append(_run(batch, jobs, make_controller(m, available)))
                 if progress:
                     progress(f"concurrency {level}, repeat {r + 1}/{repeats}: {m.spec} "

@@ -65,15 +65,19 @@ def _ours(engine: Engine, controller) -> Runner:
         return RunResult(out.token_ids, wall, t.proposed, t.accepted, t.steps, t.step_records)
 
     def new_history(tag: str) -> None:
-        """Start a fresh cross-request history (the suffix drafter's shared index) under
-        `tag`: each method and repeat learns only from its own earlier requests — sharing one
-        would hand a method the very answers another already produced for the same prompts."""
-        options = dict(engine.drafter_options)
-        options["suffix"] = {**options.get("suffix", {}), "tenant": f"bench {tag}"}
-        engines[0] = Engine(engine.models, options)
+        engines[0] = Engine(engine.models, fresh_history(engine.drafter_options, tag))
 
     run.new_history = new_history
     return run
+
+
+def fresh_history(drafter_options: dict, tag: str) -> dict:
+    """Drafter options with a fresh cross-request history (the suffix drafter's shared index)
+    under `tag`: each method and repeat learns only from its own earlier requests — sharing one
+    would hand a method the very answers another already produced for the same prompts."""
+    options = dict(drafter_options)
+    options["suffix"] = {**options.get("suffix", {}), "tenant": f"bench {tag}"}
+    return options
 
 
 def _hf(engine: Engine, extra: dict) -> Runner:
