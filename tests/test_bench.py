@@ -32,3 +32,24 @@ def test_measured_alpha_counts_positions_like_telemetry():
     alpha = measure_costs(data, engine=None)["alpha"]
     assert alpha == {"ngram": {"copy": [0.6667, 0.3333, 0.5, 0.5]},
                      "early-exit": {"prose": [1.0, 1.0, 0.0]}}
+
+
+def test_the_formula_charges_short_drafts_and_the_per_step_overhead():
+    """An n-gram step with no match asked for K tokens and got none: per slot it counts as a
+    rejection (per proposed position it is not counted at all). The overhead every step pays
+    outside the forward is charged to plain and drafting steps alike."""
+    from autospec.bench.harness import Cell, acceptance_per_slot, charged_speedup
+    empty = StepRecord("r", 0, "ngram", 4, 0, 0, 1, 0.0, 0.01, 1, 10, 0, 0.0)
+    steps = [_step("ngram", 4, 4), empty]
+    assert acceptance_per_slot(steps) == [0.5, 0.5, 0.5, 0.5]
+    assert acceptance_per_position(steps) == [1.0, 1.0, 1.0, 1.0]
+    data = Measurements()
+    data.steps["plain"] = [("copy", _step("none", 0, 0)) for _ in range(4)]
+    data.cells["plain"]["copy"][0] = Cell(tokens=4, wall_s=0.05, steps=4)  # 12.5 ms a step
+    data.steps["static:ngram:4"] = [("copy", s) for s in steps]
+    measured = measure_costs(data, engine=None)
+    assert measured["overhead"] == pytest.approx(0.25)  # 2.5 ms beyond a 10 ms forward
+    rates = charged_speedup(measured, "ngram", "copy")
+    # E(4) = 1 + 4 * 0.5 = 3; a step costs c K + v(4) + o over a plain one's 1 + o
+    v4 = measured["v"]["4"]
+    assert rates[4] == pytest.approx(3 * 1.25 / (measured["c"]["ngram"] * 4 + v4 + 0.25))

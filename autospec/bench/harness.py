@@ -22,7 +22,7 @@ from autospec.bench.methods import DERIVED, RunResult, make_runner
 from autospec.controller.formulas import speedup
 from autospec.engine.loop import Engine
 from autospec.method import Method, parse_method
-from autospec.telemetry import acceptance_per_position
+from autospec.telemetry import StepRecord, acceptance_per_position
 
 OVERALL = "overall"
 
@@ -170,7 +170,10 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
     # acceptance runs hot, which would bias alpha upwards (acceptance is bursty)
     static = Measurements()
     static.steps.update({m: s for m, s in data.steps.items() if m == "plain" or m.startswith("static:")})
-    report["theoretical"] = theoretical_best(measure_costs(static, engine))
+    static.cells.update({m: c for m, c in data.cells.items() if m == "plain"})
+    report["measured_static"] = measure_costs(static, engine)
+    report["theoretical"] = theoretical_best(report["measured_static"])
+    report["predicted_static"] = predicted_static(report)
     report["sample_outputs"] = {p.id: tok.decode(data.outputs["plain"][p.id]) for p in prompts[:3]}
     return report
 
@@ -247,53 +250,120 @@ def _oracle(report: dict, data: Measurements, categories: list[str], repeats: in
 
 
 def measure_costs(data: Measurements, engine: Engine) -> dict:
-    """alpha per drafter and position, c per drafter, v(K), from our own runs' step records."""
+    """alpha per drafter and position, c per drafter, v(K), from our own runs' step records;
+    and what the formula needs to charge what every method pays (issue 14):
+    - alpha_per_slot: P(position j accepted | the step asked for more than j tokens), over
+      every drafting step — a look-up with no match, or a shorter proposal than K, counts as
+      not accepted there (`alpha`, P(accepted | proposed), leaves such steps out);
+    - overhead: seconds per step outside the draft and the target's forward (the engine's own
+      work: look-ups, acceptance, cache roll-back, telemetry), in plain steps, from plain."""
     plain_steps = [s for _, s in data.steps.get("plain", [])]
     t1 = statistics.median(s.verify_seconds for s in plain_steps) if plain_steps else None
     verify_by_tokens: dict[int, list[float]] = defaultdict(list)
     draft_per_token: dict[str, list[float]] = defaultdict(list)
     drafted: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    asked: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for method, steps in data.steps.items():
         for category, s in steps:
             verify_by_tokens[s.verify_tokens].append(s.verify_seconds)
             if s.proposed:
                 draft_per_token[s.drafter].append(s.draft_seconds / s.proposed)
                 drafted[s.drafter][category].append(s)
-    out = {"target_step_seconds": t1, "v": {}, "c": {}, "alpha": {}}
+            if s.k and s.drafter != "none":
+                asked[s.drafter][category].append(s)
+    out = {"target_step_seconds": t1, "v": {}, "c": {}, "alpha": {}, "alpha_per_slot": {},
+           "overhead": 0.0}
     if t1:
         out["v"] = {str(n - 1): statistics.median(v) / t1 for n, v in sorted(verify_by_tokens.items())}
         out["c"] = {d: statistics.median(v) / t1 for d, v in sorted(draft_per_token.items())}
+        plain = [cell for per_category in data.cells.get("plain", {}).values()
+                 for cell in per_category.values()]
+        steps, wall = sum(c.steps for c in plain), sum(c.wall_s for c in plain)
+        if steps:
+            inside = sum(s.verify_seconds + s.draft_seconds for s in plain_steps) / len(plain_steps)
+            out["overhead"] = max(0.0, wall / steps - inside) / t1
     for drafter, per_category in drafted.items():
         out["alpha"][drafter] = {category: [round(a, 4) for a in acceptance_per_position(steps)]
                                  for category, steps in per_category.items()}
+    for drafter, per_category in asked.items():
+        out["alpha_per_slot"][drafter] = {category: [round(a, 4) for a in acceptance_per_slot(steps)]
+                                          for category, steps in per_category.items()}
     return out
+
+
+def acceptance_per_slot(steps: list[StepRecord]) -> list[float]:
+    """[P(position j+1 accepted | the step asked for more than j tokens)], j = 0..largest K-1."""
+    largest = max((s.k for s in steps), default=0)
+    asked = [0] * largest
+    kept = [0] * largest
+    for s in steps:
+        for j in range(s.k):
+            asked[j] += 1
+            kept[j] += j < s.accepted
+    return [kp / a for kp, a in zip(kept, asked)]
 
 
 def theoretical_best(measured: dict) -> dict:
     """S(K*) per category from the run's own measurements: max over drafters and K of
-    controller.formulas.speedup, c and v(K) in plain steps. The measured alpha is
-    P(position j accepted | proposed), cumulative over positions; formulas take it
-    conditional on the earlier positions, hence the ratios. The speedup a perfect static
-    choice would get if acceptance did not depend on K."""
-    v, c = measured.get("v") or {}, measured.get("c") or {}
-    verify = [1.0]  # v(0) = a plain step
-    while str(len(verify)) in v:
-        verify.append(v[str(len(verify))])
+    `charged_speedup`. The speedup a perfect static choice would get if acceptance did not
+    depend on K."""
     best: dict[str, dict] = {}
-    for drafter, per_cat in (measured.get("alpha") or {}).items():
-        if drafter not in c:
-            continue
-        for category, kept in per_cat.items():
-            kept = np.asarray(kept[:len(verify) - 1], float)
-            if not len(kept):
+    for drafter, per_cat in _alphas(measured).items():
+        for category in per_cat:
+            rates = charged_speedup(measured, drafter, category)
+            if rates is None:
                 continue
-            earlier = np.concatenate([[1.0], kept[:-1]])
-            conditional = np.divide(kept, earlier, out=np.zeros_like(kept), where=earlier > 0)
-            rates = speedup(conditional, c[drafter], np.array(verify[:len(kept) + 1]))[1:]
-            k = int(np.argmax(rates)) + 1
-            if rates[k - 1] > best.get(category, {}).get("speedup", 0.0):
-                best[category] = {"drafter": drafter, "k": k, "speedup": float(rates[k - 1])}
+            k = int(np.argmax(rates[1:])) + 1
+            if rates[k] > best.get(category, {}).get("speedup", 0.0):
+                best[category] = {"drafter": drafter, "k": k, "speedup": float(rates[k])}
     return best
+
+
+def _alphas(measured: dict) -> dict:
+    return measured.get("alpha_per_slot") or measured.get("alpha") or {}
+
+
+def charged_speedup(measured: dict, drafter: str, category: str) -> np.ndarray | None:
+    """S(K), K = 0..: controller.formulas.speedup over the measured c and v(K), charging what
+    every method pays: the per-step overhead o (in plain steps: a plain step costs 1 + o, a
+    drafting one c K + v(K) + o) and, through alpha_per_slot, drafts shorter than K.
+    The measured alpha is cumulative over positions; formulas take it conditional on the
+    earlier positions, hence the ratios. None where the run measured no cost for `drafter`."""
+    v, c = measured.get("v") or {}, measured.get("c") or {}
+    kept = (_alphas(measured).get(drafter) or {}).get(category)
+    if drafter not in c or not kept:
+        return None
+    # v(K) where measured, linear in between (static runs measure a few K only); v(0) = 1
+    sizes = sorted(int(k) for k in v if int(k) > 0)
+    if not sizes:
+        return None
+    verify = np.interp(np.arange(sizes[-1] + 1), [0, *sizes], [1.0, *(v[str(k)] for k in sizes)])
+    kept = np.asarray(kept[:len(verify) - 1], float)
+    if not len(kept):
+        return None
+    earlier = np.concatenate([[1.0], kept[:-1]])
+    conditional = np.divide(kept, earlier, out=np.zeros_like(kept), where=earlier > 0)
+    o = measured.get("overhead", 0.0)
+    charged = (verify[:len(kept) + 1] + o) / (1 + o)
+    return speedup(conditional, c[drafter] / (1 + o), charged)
+
+
+def predicted_static(report: dict) -> dict:
+    """Each static method's speedup per category as the charged formula predicts it, beside
+    the measured one: how far the formula is from what runs (README: achieved / theoretical)."""
+    measured = report.get("measured_static") or report["measured"]
+    out = {}
+    for name, stats in report["methods"].items():
+        if not name.startswith("static:"):
+            continue
+        _, drafter, k = name.split(":")
+        for category, cell in stats["by_category"].items():
+            rates = charged_speedup(measured, drafter, category)
+            if rates is not None and int(k) < len(rates) and cell.get("speedup_vs_plain"):
+                out.setdefault(name, {})[category] = {
+                    "predicted": round(float(rates[int(k)]), 3),
+                    "measured": round(cell["speedup_vs_plain"], 3)}
+    return out
 
 
 def _models(engine: Engine) -> dict:
@@ -335,6 +405,14 @@ def format_table(report: dict) -> str:
     if theory:
         lines += ["", "theoretical S(K*) from this run's alpha, c, v(K): " + ", ".join(
             f"{c} {t['speedup']:.2f}x ({t['drafter']}:{t['k']})" for c, t in sorted(theory.items()))]
+        predicted = report.get("predicted_static") or {}
+        if predicted:
+            ratios = [cell["measured"] / cell["predicted"] for per_cat in predicted.values()
+                      for cell in per_cat.values() if cell["predicted"] > 0]
+            lines.append(f"static methods, measured / predicted by the same formula: "
+                         f"{min(ratios):.2f}..{max(ratios):.2f} (median "
+                         f"{statistics.median(ratios):.2f}; per-step overhead charged: "
+                         f"{report['measured_static'].get('overhead', 0):.3f} plain steps)")
         for name, stats in report["methods"].items():
             if name.startswith("adaptive") or name in DERIVED:
                 lines.append(f"{name} achieved / theoretical: " + ", ".join(
