@@ -159,14 +159,17 @@ def _from_dict(cls, raw: dict):
     return cls(**raw)
 
 
-def acceptance_per_position(steps: list[StepRecord]) -> list[float]:
+def acceptance_per_position(steps: list[StepRecord], per_slot: bool = False) -> list[float]:
     """[P(draft position j+1 accepted | it was proposed)] over `steps`, j = 0..longest draft-1:
-    the one count behind RequestRecord.acceptance_per_position and bench's measured alpha."""
-    longest = max((s.proposed for s in steps), default=0)
+    the one count behind RequestRecord.acceptance_per_position and bench's measured alpha.
+    per_slot: P(accepted | the step asked for more than j tokens) instead, j < largest K — a
+    look-up with no match, or a proposal shorter than K, counts as not accepted there."""
+    asked = (lambda s: s.k) if per_slot else (lambda s: s.proposed)
+    longest = max((asked(s) for s in steps), default=0)
     tried = [0] * longest
     kept = [0] * longest
     for s in steps:
-        for j in range(s.proposed):
+        for j in range(asked(s)):
             tried[j] += 1
             kept[j] += j < s.accepted
     return [kp / tr for kp, tr in zip(kept, tried)]

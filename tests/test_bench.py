@@ -38,10 +38,10 @@ def test_the_formula_charges_short_drafts_and_the_per_step_overhead():
     """An n-gram step with no match asked for K tokens and got none: per slot it counts as a
     rejection (per proposed position it is not counted at all). The overhead every step pays
     outside the forward is charged to plain and drafting steps alike."""
-    from autospec.bench.harness import Cell, acceptance_per_slot, charged_speedup
+    from autospec.bench.harness import Cell, charged_speedup
     empty = StepRecord("r", 0, "ngram", 4, 0, 0, 1, 0.0, 0.01, 1, 10, 0, 0.0)
     steps = [_step("ngram", 4, 4), empty]
-    assert acceptance_per_slot(steps) == [0.5, 0.5, 0.5, 0.5]
+    assert acceptance_per_position(steps, per_slot=True) == [0.5, 0.5, 0.5, 0.5]
     assert acceptance_per_position(steps) == [1.0, 1.0, 1.0, 1.0]
     data = Measurements()
     data.steps["plain"] = [("copy", _step("none", 0, 0)) for _ in range(4)]

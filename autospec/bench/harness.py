@@ -22,7 +22,7 @@ from autospec.bench.methods import DERIVED, RunResult, make_runner
 from autospec.controller.formulas import speedup
 from autospec.engine.loop import Engine
 from autospec.method import Method, parse_method
-from autospec.telemetry import StepRecord, acceptance_per_position
+from autospec.telemetry import acceptance_per_position
 
 OVERALL = "overall"
 
@@ -286,21 +286,9 @@ def measure_costs(data: Measurements, engine: Engine) -> dict:
         out["alpha"][drafter] = {category: [round(a, 4) for a in acceptance_per_position(steps)]
                                  for category, steps in per_category.items()}
     for drafter, per_category in asked.items():
-        out["alpha_per_slot"][drafter] = {category: [round(a, 4) for a in acceptance_per_slot(steps)]
+        out["alpha_per_slot"][drafter] = {category: [round(a, 4) for a in acceptance_per_position(steps, per_slot=True)]
                                           for category, steps in per_category.items()}
     return out
-
-
-def acceptance_per_slot(steps: list[StepRecord]) -> list[float]:
-    """[P(position j+1 accepted | the step asked for more than j tokens)], j = 0..largest K-1."""
-    largest = max((s.k for s in steps), default=0)
-    asked = [0] * largest
-    kept = [0] * largest
-    for s in steps:
-        for j in range(s.k):
-            asked[j] += 1
-            kept[j] += j < s.accepted
-    return [kp / a for kp, a in zip(kept, asked)]
 
 
 def theoretical_best(measured: dict) -> dict:
