@@ -19,7 +19,9 @@ def mixed_prompts() -> Path:
               help="Workload JSONL. Default: the shipped mixed workload.")
 @click.option("--limit", default=None, type=click.IntRange(min=1),
               help="Use only the first N prompts of the workload.")
-@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-new-tokens", "--max-tokens", "max_tokens", default=128, show_default=True,
+              type=click.IntRange(min=1),
+              help="Tokens per request (--max-tokens: the old spelling, kept).")
 @click.option("--db", default=None, metavar="URL",
               help="The daemon's store (env AUTOSPEC_DB). Default: SQLite under the data dir.")
 @pair_option
