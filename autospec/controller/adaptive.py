@@ -27,6 +27,7 @@ from typing import Mapping
 
 import numpy as np
 
+from autospec.controller.batch import BatchCost, batch_ks
 from autospec.controller.decide import PLAIN, decide_step, k_for
 from autospec.configcheck import knob
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
@@ -39,6 +40,9 @@ from autospec.telemetry import POOLED, UNLABELLED, StepRecord
 K_LIMIT = 64  # past this a draft costs more to verify than any acceptance rate repays
 MIN_HOT_EVIDENCE = 1.0  # (discounted) drafts after a full accept before that estimate is used
 SWITCH_HORIZON = 8  # rounds over which a drafter's start-up (cache prefill) is spread
+# in a batch a row's drafter is re-chosen in full every 4th step (K every step, for the batch):
+# decide + update per row is what grows with the batch
+BATCH_REDECIDE = 4
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,7 @@ class _RequestState:
     # drafter -> the confidence bucket of its proposal this step (look-up drafters whose
     # drafts carry confidences: the suffix drafter); its estimates are kept per bucket
     bucket: dict[str, str] = field(default_factory=dict)
+    lengths: dict[str, int] = field(default_factory=dict)  # look-up proposals' lengths at decide
     floor: RequestFloor | None = None  # the floor's fixed arms, replayed through this request
 
 
@@ -171,6 +176,8 @@ class AdaptiveController:
         # proposal is seen before deciding (Engine.peek), its length and confidence are evidence
         self.peeking = tuple(d for d in self.drafters
                              if d != "ngram" and drafter_class(d).peekable)
+        self.batch_cost = BatchCost()  # s(B, T) of a batched step (controller/batch.py)
+        self._rows = 1  # rows of the batch being decided (decide_batch)
 
     # -- state ---------------------------------------------------------------------------
     def _prior(self, workload: str | None) -> dict[str, AcceptanceEstimate]:
@@ -236,7 +243,7 @@ class AdaptiveController:
     # -- the fast path -------------------------------------------------------------------
     def decide(self, request) -> tuple[str | None, int]:
         state = self._state(request)
-        if self.costs.observed == 0:
+        if self.costs.observed == 0 and self.batch_cost.observed == 0:
             return None, 0  # first step of the engine's life: measure a plain step first
         names = self.drafters
         proposal = None
@@ -254,7 +261,8 @@ class AdaptiveController:
                 if draft is not None:
                     lengths[drafter] = len(draft.tokens)
                     state.bucket[drafter] = confidence_bucket(draft)
-        if self.use_floor:
+        state.lengths = lengths
+        if self.use_floor and self._rows == 1:  # the floor's arms are priced at batch 1
             if state.floor is None:
                 state.floor = RequestFloor(self.floor_ks, len(request.tokens))
             arm = state.floor.choice()
@@ -271,7 +279,9 @@ class AdaptiveController:
         if state.fast_left > 0 and state.current is not None:
             state.fast_left -= 1
             return self._keep(state, lengths)
-        state.fast_left = self.settings.redecide_every - 1
+        every = self.settings.redecide_every if self._rows == 1 else max(BATCH_REDECIDE,
+                                                                        self.settings.redecide_every)
+        state.fast_left = every - 1
         # (D, k_max) Beta parameters of each drafter's per-position acceptance
         ab = np.stack([x for d in names for x in self._estimate(state, d).beta()])
         a, b = ab[0::2], ab[1::2]
@@ -366,9 +376,43 @@ class AdaptiveController:
             self._regime_estimate(state, drafter, regime).update(proposed, accepted)
         state.hot[drafter] = 0 < accepted == proposed
 
+    def decide_batch(self, requests) -> list[tuple[str | None, int]]:
+        """(drafter, K) for every row of a batch (engine/batch.py asks this way): each row's
+        drafter as `decide` chooses it, then every row's K together for the batch's goodput
+        under the batch cost s(B, T) (controller/batch.py) — K = 0 for all where speculation
+        no longer pays. Until the batch cost is measured, the rows' own K."""
+        self._rows = len(requests)
+        try:
+            choices = [self.decide(request) for request in requests]
+        finally:
+            self._rows = 1
+        fitted = self.batch_cost.line(self.costs.line()) if len(requests) > 1 else None
+        if fitted is None:
+            return choices
+        a, b, c = fitted
+        k_max = self.settings.k_max
+        gains = np.zeros((len(requests), k_max))
+        token_s = np.full(len(requests), c)
+        for i, (request, (drafter, _)) in enumerate(zip(requests, choices)):
+            if drafter is None:
+                continue
+            state = self._requests[request.request_id]
+            means = self._estimate(state, drafter).mean()[:state.lengths.get(drafter, k_max)]
+            gains[i, :len(means)] = np.cumprod(means)
+            token_s[i] += self.costs.draft_seconds(drafter, self.hints[drafter])
+        rows = len(requests)
+        ks = batch_ks(gains, token_s, a + b * rows + c * rows)
+        return [(drafter, max(int(k), self.settings.k_min)) if drafter and k else (None, 0)
+                for (drafter, _), k in zip(choices, ks)]
+
     def update(self, record: StepRecord, request) -> None:
         state = self._state(request)
-        self.costs.observe_verify(record.verify_tokens, record.verify_seconds)
+        if record.batch_size > 1:
+            # a batch's forward: every row reports it, each with 1 / rows of its weight
+            self.batch_cost.observe(record.batch_size, record.batch_tokens,
+                                    record.verify_seconds, 1.0 / record.batch_size)
+        else:
+            self.costs.observe_verify(record.verify_tokens, record.verify_seconds)
         if record.drafter in self.drafters and record.k > 0:
             if record.drafter in state.used:
                 self.costs.observe_draft(record.drafter, record.draft_seconds, record.proposed)
@@ -387,7 +431,7 @@ class AdaptiveController:
             if scored is not None:
                 self._observe(state, "ngram", *scored)
                 self._pool(request.workload, "ngram", *scored)
-        if self.use_floor and state.floor is not None:
+        if self.use_floor and state.floor is not None and record.batch_size == 1:
             floor = self._floor(request.workload)
             floor.followed += state.floor.led
             state.ngram.sync(request.tokens)  # O(new tokens); decide's sync then has none

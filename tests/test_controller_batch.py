@@ -1,0 +1,90 @@
+"""K for a batch (controller/batch.py): the goodput optimum, the flip from speculating to not
+as the forward fills, the online batch cost, and the adaptive controller deciding a batch."""
+import itertools
+
+import numpy as np
+import pytest
+
+from autospec.bench.trace import SimRequest
+from autospec.controller.adaptive import AdaptiveController, ControllerSettings
+from autospec.controller.batch import BatchCost, batch_ks
+from autospec.engine.batch import BatchEngine, Job
+from autospec.telemetry import StepRecord
+
+
+def goodput(gains, token_s, base, ks):
+    tokens = len(ks) + sum(gains[i, :k].sum() for i, k in enumerate(ks))
+    return tokens / (base + sum(token_s[i] * k for i, k in enumerate(ks)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_batch_ks_is_the_goodput_optimum(seed):
+    rng = np.random.default_rng(seed)
+    rows, k_max = 3, 4
+    alpha = rng.uniform(0.05, 0.98, (rows, k_max))
+    gains = np.cumprod(alpha, axis=1)  # falls along each row
+    token_s = rng.uniform(0.01, 0.5, rows)
+    base = rng.uniform(0.5, 2.0)
+    best = max(goodput(gains, token_s, base, ks)
+               for ks in itertools.product(range(k_max + 1), repeat=rows))
+    assert goodput(gains, token_s, base, batch_ks(gains, token_s, base)) == pytest.approx(best)
+
+
+def test_the_same_acceptance_pays_at_batch_1_and_not_in_a_full_batch():
+    """The issue's case: acceptance flat, the forward memory-bound at one row (a drafted token
+    costs 2 % of a step) and compute-bound at 16 (a token costs as much as a row's share)."""
+    gains = np.cumprod(np.full((16, 8), 0.6), axis=1)
+    one = batch_ks(gains[:1], np.array([0.02]), 1.0)
+    full = batch_ks(gains, np.full(16, 0.2), 0.2 * 16 + 1.0)
+    assert one[0] >= 4
+    assert (full == 0).all()
+
+
+def test_batch_cost_recovers_the_plane():
+    cost = BatchCost(forgetting=1.0)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        rows = int(rng.integers(2, 17))
+        tokens = rows * int(rng.integers(1, 6))
+        cost.observe(rows, tokens, 0.010 + 0.001 * rows + 0.0005 * tokens)
+    a, b, c = cost.line((0.0115, 0.0005))  # the batch-1 line of the same plane
+    assert (a, b, c) == pytest.approx((0.010, 0.001, 0.0005), rel=1e-6)
+    assert BatchCost().line(None) is None  # nothing measured yet
+
+
+def test_the_controller_stops_speculating_when_the_batch_cost_says_so():
+    controller = AdaptiveController(ControllerSettings(drafters=("ngram",)))
+    period = list(range(100, 140))
+    rows = [SimRequest(f"r{i}", period * 3, 120, "copy") for i in range(16)]
+    # batch 1 measured: a flat forward, n-gram right every time
+    for step in range(30):
+        for request in rows[:1]:
+            drafter, k = controller.decide(request)
+            controller.update(StepRecord(request.request_id, step, drafter or "none", k, k, k,
+                                         k + 1, 0.0, 0.010 + 0.0002 * k, k + 1, 100, 0, 0.0),
+                              request)
+    assert controller.decide_batch(rows[:1])[0][0] == "ngram"
+    # a batch of 16 whose every drafted token costs more than a row's plain share (5 ms):
+    # speculation no longer pays, even at full acceptance
+    for _ in range(8):
+        for request in rows:
+            controller.update(StepRecord(request.request_id, 0, "none", 0, 0, 0, 1, 0.0,
+                                         0.001 * 16 * 5, 1, 100, 0, 0.0, batch_size=16,
+                                         batch_tokens=16), request)
+            controller.update(StepRecord(request.request_id, 0, "ngram", 4, 4, 4, 5, 0.0,
+                                         0.001 * 16 * 5 * 8, 5, 100, 0, 0.0, batch_size=16,
+                                         batch_tokens=80), request)
+    choices = controller.decide_batch(rows)
+    assert all(k == 0 for _, k in choices), choices
+
+
+def test_a_batch_under_the_adaptive_controller_is_lossless(reference_pair):
+    prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "import os\nimport sys\n",
+               "The cat sat on the mat. The cat sat on", "x = [1, 2, 3]\ny = [1, 2, 3]\n"]
+    engine = BatchEngine(reference_pair, max_batch=4, max_len=256)
+    plain = [engine.generate(p, drafter=None, max_new_tokens=24).token_ids for p in prompts]
+    controller = AdaptiveController(ControllerSettings())
+    for _ in range(2):  # the second run decides with a measured batch cost
+        out = engine.run([Job(p, 24) for p in prompts], controller, max_batch=4)
+        assert [g.token_ids for g in out] == plain
+    assert controller.batch_cost.observed > 0
