@@ -38,8 +38,11 @@ class Learner:
         steps = record.step_records
         if not steps:
             return
-        self.costs.observe_verify_many([s.verify_tokens for s in steps],
-                                       [s.verify_seconds for s in steps])
+        # a batched step's verify seconds are the whole batch's forward: not the single-row
+        # line's (the serving controller fits the batch cost itself; not persisted yet)
+        single = [s for s in steps if s.batch_size == 1]
+        self.costs.observe_verify_many([s.verify_tokens for s in single],
+                                       [s.verify_seconds for s in single])
         # an unlabelled request informs the pooled estimates only
         workloads = {POOLED, record.workload} if record.workload else {POOLED}
         by_drafter: dict[str, list] = {}
