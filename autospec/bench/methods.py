@@ -81,18 +81,26 @@ def fresh_history(drafter_options: dict, tag: str) -> dict:
 
 
 def _hf(engine: Engine, extra: dict) -> Runner:
-    target, tokenizer = engine.models.target, engine.models.tokenizer
-
-    @torch.inference_mode()
     def run(ids, max_new_tokens, temperature, seed, workload):
-        torch.manual_seed(seed)
         input_ids = torch.tensor([ids])
-        sampling = ({"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-                    if temperature > 0 else {"do_sample": False})
         t0 = time.perf_counter()
-        out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                              max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id,
-                              eos_token_id=sorted(engine.eos_ids), **sampling, **extra)
+        out = hf_generate(engine, input_ids, torch.ones_like(input_ids), max_new_tokens,
+                          temperature, seed, **extra)
         wall = time.perf_counter() - t0
         return RunResult(out[0, len(ids):].tolist(), wall)
     return run
+
+
+@torch.inference_mode()
+def hf_generate(engine: Engine, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                max_new_tokens: int, temperature: float, seed: int, **extra) -> torch.Tensor:
+    """transformers' own `generate()` on the target as a user would call it: greedy, or plain
+    sampling (no top-k/top-p) at `temperature` from `seed`; our EOS ids stop it.
+    input_ids, attention_mask: [B, T] (left-padded when B > 1); returns [B, T + new]."""
+    torch.manual_seed(seed)
+    sampling = ({"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+                if temperature > 0 else {"do_sample": False})
+    return engine.models.target.generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+        pad_token_id=engine.models.tokenizer.eos_token_id, eos_token_id=sorted(engine.eos_ids),
+        **sampling, **extra)
