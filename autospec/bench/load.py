@@ -4,8 +4,21 @@ At each level N, every method decodes the whole workload (same prompts, same ord
 one BatchEngine with N rows: N clients, each sending its next prompt as soon as its last one
 finished, so N requests are in flight until the workload runs dry (engine/batch.py, `run`).
 Methods take turns (the order rotates from repeat to repeat) and the repeat with the median
-wall time is reported. Only methods that run on our engine are measured under load (plain,
-static:, adaptive, ctl:); hf: peers and the oracles are left out and named in the report.
+wall time is reported. Measured under load: the methods that run on our engine (plain,
+static:, adaptive, ctl:) and `hf:generate`, transformers' own batched generate() (below); the
+other hf: peers (assisted generation runs one sequence at a time) and the oracles are left out
+and named in the report.
+
+hf:generate under load is a static batch, the way a user calls generate(): the workload in
+consecutive groups of N prompts, each group left-padded into one batch (attention_mask, pad =
+the EOS id generate pads with), one generate() call per group with the group's largest
+max_new_tokens (each row cut to its own). A group ends when its longest member does, and the
+next group starts only then: every row waits for the slowest. throughput = output tokens / the
+summed walls of all groups. identical_to_plain compares each request's tokens with plain's at
+the same concurrency, as for every method (left padding and the batch shape can change float
+rounding: reported, not enforced). No stream: all of a request's tokens arrive when its
+group's call returns, so its TTFT is the group's wall (sent at the group's start: the previous
+group's end) and ITL is None — there is no interval between tokens a reader would see.
 
 What each STATS adds to bench's keys (harness.cell_stats):
 - throughput_tokens_per_s: output tokens / wall seconds of the whole run (for a category: its
@@ -26,14 +39,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import torch
 
 from autospec.bench.harness import OVERALL, Cell, Prompt, cell_stats, prompt_ids
-from autospec.bench.methods import RunResult, fresh_history
+from autospec.bench.methods import RunResult, fresh_history, hf_generate
 from autospec.controller.factory import make_controller
 from autospec.engine.batch import BatchEngine, Job
 from autospec.engine.loop import Engine, Generation, Request
 from autospec.engine.sampling import SamplingParams
 from autospec.method import Method
+
+HF_BATCHED = "hf:generate"
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -51,10 +67,16 @@ def parse_concurrency(text: str) -> list[int]:
     return list(dict.fromkeys(levels))
 
 
+def runs_under_load(method: Method) -> bool:
+    """Whether `autospec bench --concurrency` measures `method` (the module docstring)."""
+    return method.is_controller or method.spec == HF_BATCHED
+
+
 @dataclass
 class LoadRun:
     """One method over the workload at one concurrency: results in prompt order, timings."""
-    generations: list[Generation]
+    results: list[RunResult]  # wall_s: each request's latency, from when its client sent it
+    request_ids: list[str]
     wall_s: float
     ttft_s: dict[str, float] = field(default_factory=dict)  # request id -> seconds
     itl_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
@@ -64,7 +86,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
              max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
              repeats: int = 1, progress: Callable[[str], None] | None = None) -> dict:
     """{"N": {"methods": {METHOD: {"overall": STATS, "by_category": {...}}}}} per level."""
-    methods = [m for m in methods if m.is_controller]
+    methods = [m for m in methods if runs_under_load(m)]
     encoded = [prompt_ids(engine, p) for p in prompts]
     limits = [p.max_new_tokens or max_new_tokens for p in prompts]
     jobs = [Job(ids, n, SamplingParams(temperature), seed, p.category)
@@ -78,13 +100,19 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
         runs: dict[str, list[LoadRun]] = defaultdict(list)
         for m in methods:  # warm-up: lazy init, allocator, the drafters' first calls
             warm = [Job(job.prompt, 4, job.sampling, seed) for job in jobs[:level]]
-            batch.run(warm, make_controller(m, available))
+            if m.is_controller:
+                batch.run(warm, make_controller(m, available))
+            else:
+                _run_generate(engine, warm, level)
         for r in range(repeats):
             for m in methods[r % len(methods):] + methods[:r % len(methods)]:
-                # cross-request history (suffix) starts empty per level, method and repeat
-                batch.drafter_options = fresh_history(engine.drafter_options,
-                                                      f"load {level} {m} #{r}")
-                runs[m.spec].append(_run(batch, jobs, make_controller(m, available)))
+                if not m.is_controller:
+                    runs[m.spec].append(_run_generate(engine, jobs, level))
+                else:
+                    # cross-request history (suffix) starts empty per level, method and repeat
+                    batch.drafter_options = fresh_history(engine.drafter_options,
+                                                          f"load {level} {m} #{r}")
+                    runs[m.spec].append(_run(batch, jobs, make_controller(m, available)))
                 if progress:
                     progress(f"concurrency {level}, repeat {r + 1}/{repeats}: {m.spec} "
                              f"{runs[m.spec][-1].wall_s:.1f} s")
@@ -97,7 +125,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
 
 
 def _run(batch: BatchEngine, jobs: list[Job], controller) -> LoadRun:
-    run = LoadRun([], 0.0)
+    run = LoadRun([], [], 0.0)
     last: dict[str, float] = {}
 
     def on_tokens(request: Request, tokens: list[int]) -> None:
@@ -109,8 +137,46 @@ def _run(batch: BatchEngine, jobs: list[Job], controller) -> LoadRun:
         last[rid] = now
 
     t0 = time.perf_counter()
-    run.generations = batch.run(jobs, controller, on_tokens=on_tokens)
+    generations = batch.run(jobs, controller, on_tokens=on_tokens)
     run.wall_s = time.perf_counter() - t0
+    run.results = [_result(g) for g in generations]
+    run.request_ids = [g.telemetry.request_id for g in generations]
+    return run
+
+
+def _result(generation: Generation) -> RunResult:
+    t = generation.telemetry
+    return RunResult(generation.token_ids, t.wall_seconds, t.proposed, t.accepted, t.steps,
+                     t.step_records)
+
+
+def _run_generate(engine: Engine, jobs: list[Job], level: int) -> LoadRun:
+    """hf:generate as a static batch: consecutive groups of `level` jobs, one left-padded
+    generate() call each (module docstring). TTFT = the group's wall; no ITL (no stream)."""
+    run = LoadRun([], [], 0.0)
+    pad = engine.models.tokenizer.eos_token_id  # what hf_generate pads finished rows with
+    for start in range(0, len(jobs), level):
+        group = jobs[start:start + level]
+        width = max(len(job.prompt) for job in group)
+        # [B, width]: what the tokenizer's padding_side="left" gives, without a pad token
+        input_ids = torch.tensor([[pad] * (width - len(job.prompt)) + list(job.prompt)
+                                  for job in group])
+        attention_mask = torch.tensor([[0] * (width - len(job.prompt)) + [1] * len(job.prompt)
+                                       for job in group])
+        t0 = time.perf_counter()
+        out = hf_generate(engine, input_ids, attention_mask,
+                          max(job.max_new_tokens for job in group),
+                          group[0].sampling.temperature, group[0].seed)
+        wall = time.perf_counter() - t0
+        run.wall_s += wall
+        for i, job in enumerate(group, start):
+            rid = f"hf-{i}"
+            tokens = out[i - start, width:].tolist()[:job.max_new_tokens]
+            # a row that stopped early is padded to the group's length: cut after its EOS
+            stop = next((j + 1 for j, t in enumerate(tokens) if t in engine.eos_ids), len(tokens))
+            run.results.append(RunResult(tokens[:stop], wall))
+            run.request_ids.append(rid)
+            run.ttft_s[rid] = wall
     return run
 
 
@@ -120,7 +186,7 @@ def _method_stats(run: LoadRun, prompts: list[Prompt], categories: list[str],
     scopes.update({c: [i for i, p in enumerate(prompts) if p.category == c] for c in categories})
     stats = {}
     for scope, indices in scopes.items():
-        same = (all(run.generations[i].token_ids == plain.generations[i].token_ids for i in indices)
+        same = (all(run.results[i].token_ids == plain.results[i].token_ids for i in indices)
                 if greedy and plain else None)
         stats[scope] = _stats(run, indices, same)
         if plain:
@@ -132,10 +198,8 @@ def _method_stats(run: LoadRun, prompts: list[Prompt], categories: list[str],
 def _stats(run: LoadRun, indices, same: bool | None) -> dict:
     cell = Cell()
     for i in indices:
-        t = run.generations[i].telemetry
-        cell.add(RunResult(run.generations[i].token_ids, t.wall_seconds, t.proposed, t.accepted,
-                           t.steps, t.step_records))
-    ids = [run.generations[i].telemetry.request_id for i in indices]
+        cell.add(run.results[i])
+    ids = [run.request_ids[i] for i in indices]
     ttft = [run.ttft_s[r] for r in ids]
     itl = [x for r in ids for x in run.itl_s.get(r, [])]
     return {**cell_stats([cell], same),
