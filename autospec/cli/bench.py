@@ -58,17 +58,24 @@ def _levels(ctx, param, value: str | None) -> list[int] | None:
               help="Also run each method under N closed-loop clients through the batched "
                    "engine, for each N of a comma-separated list (e.g. 1,4,16): throughput, "
                    "inter-token latency and time to first token, in the JSON's by_concurrency.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --concurrency: write a PNG of throughput and inter-token latency "
+                   "(p50, p99 dashed) against concurrency, one line per method.")
 @pair_option
 @target_option
 @draft_option
 @dtype_option
 @drafter_options_option
 def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, limit, json_path,
-          record_path, record_k_max, concurrency, pair, target, draft, dtype, drafter_options):
+          record_path, record_k_max, concurrency, plot_path, pair, target, draft, dtype,
+          drafter_options):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
     from autospec.bench.harness import format_table, load_prompts, run_bench
     from autospec.method import parse_methods
     check_pair_args(pair, target, draft)
+    if plot_path and not concurrency:
+        raise click.UsageError("--plot draws the figures under load: give --concurrency too "
+                               "(e.g. --concurrency 1,4,16)")
     try:
         method_list = parse_methods(methods)
         prompts = load_prompts(prompts_path or default_prompts())
@@ -91,13 +98,13 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
         report = run_bench(engine, prompts, method_list, repeats, max_new_tokens, temperature,
                            seed, progress=lambda m: click.echo(m, err=True))
         if concurrency:
-            from autospec.bench.load import run_load
+            from autospec.bench.load import run_load, runs_under_load
             report["by_concurrency"] = run_load(engine, prompts, method_list, concurrency,
                                                 max_new_tokens, temperature, seed, repeats,
                                                 progress=lambda m: click.echo(m, err=True))
             report["settings"]["concurrency"] = concurrency
             report["settings"]["not_under_load"] = [m.spec for m in method_list
-                                                    if not m.is_controller]
+                                                    if not runs_under_load(m)]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_table(report))
@@ -118,6 +125,11 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
                        progress=lambda m: click.echo(m, err=True))
         trace.save(record_path)
         click.echo(f"wrote trace {record_path}", err=True)
+    if plot_path:
+        from autospec.report.plots import plot_load  # matplotlib only when asked for
+        plot_path.parent.mkdir(parents=True, exist_ok=True)
+        plot_load(report["by_concurrency"], plot_path)
+        click.echo(f"wrote {plot_path}", err=True)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2) + "\n")

@@ -103,3 +103,46 @@ def plot_bandwidth(requests: Sequence[RequestPoint], peak_gbs: float, path: Path
                  f"lines: rolling mean of {window})")
     ax.legend(title="workload", fontsize="small")
     fig.savefig(path, dpi=DPI)
+
+
+def plot_load(by_concurrency: dict, path: Path) -> None:
+    """`autospec bench --concurrency ... --plot PATH`: throughput (top) and ITL p50, with p99
+    dashed in the same colour (bottom), against concurrency, one line per method. by_concurrency
+    is the bench JSON's {"N": {"methods": {METHOD: {"overall": STATS, ...}}}}. A method with no
+    ITL (hf:generate: a static batch, no stream) has no line in the bottom panel."""
+    levels = sorted(by_concurrency, key=int)
+    methods = list(dict.fromkeys(m for n in levels for m in by_concurrency[n]["methods"]))
+
+    def series(method: str, key: str) -> list[float]:
+        stats = [by_concurrency[n]["methods"].get(method) for n in levels]
+        return [float("nan") if s is None or s["overall"].get(key) is None else s["overall"][key]
+                for s in stats]
+
+    fig, (top, bottom) = _figure(rows=2, height=3.2)
+    xs = [int(n) for n in levels]
+    no_itl = []
+    for i, method in enumerate(methods):
+        color = "0.5" if method == "plain" else f"C{i}"
+        top.plot(xs, series(method, "throughput_tokens_per_s"), "o-", color=color, label=method)
+        p50 = series(method, "itl_p50_ms")
+        if any(v == v for v in p50):  # not all NaN
+            bottom.plot(xs, p50, "o-", color=color, label=f"{method} p50")
+            bottom.plot(xs, series(method, "itl_p99_ms"), "o--", color=color, alpha=0.7,
+                        label=f"{method} p99")
+        else:
+            no_itl.append(method)
+    top.set_title("Under load: N closed-loop clients")
+    top.set_ylabel("throughput (tokens/s)")
+    top.legend(title="method", fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    bottom.set_title("Inter-token latency: p50 solid, p99 dashed"
+                     + (f" (none measured: {', '.join(no_itl)})" if no_itl else ""))
+    bottom.set_ylabel("inter-token latency (ms)")
+    bottom.set_xlabel("concurrency (clients)")
+    bottom.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    for ax in (top, bottom):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=DPI)
