@@ -28,9 +28,14 @@ def _v1_to_v2(connection: Connection) -> None:
                                 f"RENAME COLUMN {old} TO {new}"))
 
 
+def _v2_to_v3(connection: Connection) -> None:
+    """A new table, batch_costs: made by create_or_migrate's closing create_all (nothing in
+    the old tables changes)."""
+
+
 # (from_version, upgrade): upgrade(connection) turns a store at from_version into one at
 # from_version + 1. Ordered.
-MIGRATIONS: list[tuple[int, Migration]] = [(1, _v1_to_v2)]
+MIGRATIONS: list[tuple[int, Migration]] = [(1, _v1_to_v2), (2, _v2_to_v3)]
 
 
 def stored_version(connection: Connection) -> int | None:

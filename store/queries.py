@@ -12,8 +12,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from autospec.store.aggregates import step_aggregates
-from autospec.store.schema import (ALL_WORKLOADS, RECORD_COLUMNS, AppliedPolicyRow, EstimateRow,
-                                   RequestRow, StepAggregateRow)
+from autospec.store.schema import (ALL_WORKLOADS, RECORD_COLUMNS, AppliedPolicyRow, BatchCostRow,
+                                   EstimateRow, RequestRow, StepAggregateRow)
 from autospec.telemetry import RequestRecord
 
 
@@ -152,6 +152,26 @@ def save_estimates(session: Session, model_pair: str, hardware: str,
         written += 1
     session.flush()
     return written
+
+
+def load_batch_cost(session: Session, model_pair: str, hardware: str) -> dict | None:
+    """The batch cost's saved state (BatchCost.state()) for one pair and hardware, or None."""
+    row = session.scalar(select(BatchCostRow).where(BatchCostRow.model_pair == model_pair,
+                                                    BatchCostRow.hardware == hardware))
+    return dict(row.state) if row is not None else None
+
+
+def save_batch_cost(session: Session, model_pair: str, hardware: str, state: dict) -> None:
+    """Insert or replace the batch cost's state under (model pair, hardware)."""
+    _key("model_pair", model_pair), _key("hardware", hardware)
+    row = session.scalar(select(BatchCostRow).where(BatchCostRow.model_pair == model_pair,
+                                                    BatchCostRow.hardware == hardware))
+    if row is None:
+        row = BatchCostRow(model_pair=model_pair, hardware=hardware)
+        session.add(row)
+    row.state = dict(state)
+    row.updated_at = datetime.now(timezone.utc)
+    session.flush()
 
 
 def record_policy(session: Session, policy_hash: str, path: str, schema_version: int) -> None:

@@ -18,7 +18,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from autospec.telemetry import POOLED, RequestRecord
 
-SCHEMA_VERSION = 2  # 2: estimates.conditional_acceptance, requests.controller_seconds
+SCHEMA_VERSION = 3  # 2: estimates.conditional_acceptance, requests.controller_seconds;
+# 3: batch_costs
 TABLE_PREFIX = "autospec_"
 ALL_WORKLOADS = POOLED  # the workload key of estimates pooled over every workload
 
@@ -131,6 +132,20 @@ class EstimateRow(Base):
     draft_seconds_per_token: Mapped[float | None] = mapped_column(Float, nullable=True)
     verify_base_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     verify_slope_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)  # per token
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+
+
+class BatchCostRow(Base):
+    """The slow path's batch cost per (model pair, hardware): the sufficient statistics of
+    s(B, T) = a + b B + c T (autospec/controller/batch.py, BatchCost.state())."""
+    __tablename__ = TABLE_PREFIX + "batch_costs"
+    __table_args__ = (UniqueConstraint("model_pair", "hardware",
+                                       name=TABLE_PREFIX + "batch_costs_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_pair: Mapped[str] = mapped_column(_KEY)
+    hardware: Mapped[str] = mapped_column(_KEY)
+    state: Mapped[dict] = mapped_column(JSON)  # {"xtx": [9], "xty": [3], "observed": float}
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
 

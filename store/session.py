@@ -136,6 +136,14 @@ class Store:
         with self.session_scope() as session:
             return queries.save_estimates(session, model_pair, hardware, estimates)
 
+    def load_batch_cost(self, model_pair: str, hardware: str) -> dict | None:
+        with self.session_scope(write=False) as session:
+            return queries.load_batch_cost(session, model_pair, hardware)
+
+    def save_batch_cost(self, model_pair: str, hardware: str, state: dict) -> None:
+        with self.session_scope() as session:
+            queries.save_batch_cost(session, model_pair, hardware, state)
+
     def record_policy(self, policy_hash: str, path: str, schema_version: int) -> None:
         with self.session_scope() as session:
             queries.record_policy(session, policy_hash, path, schema_version)

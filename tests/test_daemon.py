@@ -169,6 +169,35 @@ def test_sigterm_flushes_and_exits_zero_then_restarts_warm(tmp_path):
         again.stop()
 
 
+def test_the_batch_cost_survives_a_restart(tmp_path):
+    """Batched steps teach the batch cost s(B, T); the store keeps it per pair and hardware and
+    a restarted daemon serves it (a new server's controller starts from it: warm_start)."""
+    import dataclasses
+    batched = []
+    for i in range(8):
+        r = record(f"b{i}")
+        steps = [dataclasses.replace(s, batch_size=4, batch_tokens=4 * s.verify_tokens,
+                                     verify_seconds=0.01 + 0.001 * 4 * s.verify_tokens)
+                 for s in r.step_records]
+        batched.append(dataclasses.replace(r, step_records=steps))
+    daemon = start_daemon(tmp_path, "--flush-interval", "3600")
+    assert request(daemon.url, "POST", "/v1/telemetry", batch("b", batched))[0] == 200
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait() == 0
+    again = start_daemon(tmp_path, name="again")
+    try:
+        params = request(again.url, "GET", "/v1/params?model_pair=pair&hardware=cpu:test")[1]
+        saved = params["estimates"]["batch_cost"]
+        assert saved["observed"] > 4
+        from autospec.controller.adaptive import AdaptiveController
+        controller = AdaptiveController()
+        controller.warm_start(params["estimates"])
+        a, b, c = controller.batch_cost.line(None)
+        assert c == pytest.approx(0.001, rel=1e-3)  # seconds per token of the batched forward
+    finally:
+        again.stop()
+
+
 def test_once_exits_after_one_batch(tmp_path):
     daemon = start_daemon(tmp_path, "--once")
     assert request(daemon.url, "POST", "/v1/telemetry", batch("b", [record("r")]))[0] == 200

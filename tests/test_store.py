@@ -196,7 +196,7 @@ def test_a_version_1_store_migrates_to_the_two_acceptance_names(url):
         columns = {c["name"] for c in inspect(store.engine).get_columns("autospec_requests")}
         assert "controller_seconds" in columns and "policy_seconds" not in columns
         with store.session_scope(write=False) as session:
-            assert session.get(SchemaVersionRow, 1).version == 2
+            assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION
 
 
 def test_telemetry_reads_the_old_policy_seconds_key():
@@ -241,3 +241,23 @@ def test_bad_url_names_it():
         open_store("nosuchdb://x")
     with pytest.raises(StoreError, match="cannot open"):
         open_store("sqlite:////nonexistent-dir/sub/autospec.db")
+
+
+def test_batch_cost_round_trip_and_a_v2_store_gains_the_table(url):
+    state = {"xtx": [float(i) for i in range(9)], "xty": [1.0, 2.0, 3.0], "observed": 4.5}
+    with open_store(url) as store:
+        assert store.load_batch_cost("reference", "cpu") is None
+        store.save_batch_cost("reference", "cpu", state)
+        store.save_batch_cost("reference", "cpu", {**state, "observed": 5.0})  # replaced
+        assert store.load_batch_cost("reference", "cpu") == {**state, "observed": 5.0}
+        assert store.load_batch_cost("reference", "gpu") is None
+        store.ingest([record("r1")], "b", "reference", "cpu")
+    # the store as schema version 2 left it: no batch_costs table
+    with open_store(url) as store, store.session_scope() as session:
+        session.execute(text("DROP TABLE autospec_batch_costs"))
+        session.get(SchemaVersionRow, 1).version = 2
+    with open_store(url) as store:
+        assert store.count_requests() == 1
+        assert store.load_batch_cost("reference", "cpu") is None  # the table is back, empty
+        with store.session_scope(write=False) as session:
+            assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION == 3

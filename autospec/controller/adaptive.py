@@ -238,6 +238,8 @@ class AdaptiveController:
                 self.costs.draft.setdefault(drafter, float(seconds))
             if snapshot.get("verify_line"):
                 self.costs.seed(*snapshot["verify_line"])
+        if self.batch_cost.observed == 0 and snapshot.get("batch_cost"):
+            self.batch_cost.restore(snapshot["batch_cost"])  # a restarted server's batch cost
         return taken
 
     # -- the fast path -------------------------------------------------------------------

@@ -66,6 +66,17 @@ class BatchCost:
         self._xty = self._xty * self.forgetting ** weight + weight * seconds * x
         self.observed = self.observed * self.forgetting ** weight + weight
 
+    def state(self) -> dict:
+        """What restores this model exactly (JSON): the store keeps it per pair and hardware."""
+        return {"xtx": self._xtx.ravel().tolist(), "xty": self._xty.tolist(),
+                "observed": self.observed}
+
+    def restore(self, state: dict) -> "BatchCost":
+        self._xtx = np.asarray(state["xtx"], float).reshape(3, 3)
+        self._xty = np.asarray(state["xty"], float).reshape(3)
+        self.observed = float(state["observed"])
+        return self
+
     def line(self, anchor: tuple[float, float] | None) -> tuple[float, float, float] | None:
         """(a, b, c), with batch 1 anchored to the single-row line v(K) = base + slope K
         (`anchor`, CostModel.line()); without one (a server that never ran a batch of one),

@@ -11,6 +11,7 @@ stays in the serving process's fast path (it needs the tokens, which telemetry d
 """
 from __future__ import annotations
 
+from autospec.controller.batch import BatchCost
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
 from autospec.store.queries import Estimate
 from autospec.telemetry import POOLED, RequestRecord
@@ -24,6 +25,7 @@ class Learner:
         self.discount = discount
         self.acceptance: dict[str, dict[str, AcceptanceEstimate]] = {}
         self.costs = CostModel(k_max)
+        self.batch = BatchCost()  # s(B, T) of batched steps (persisted as batch_costs)
         self.steps_seen = 0
 
     def _estimate(self, workload: str, drafter: str) -> AcceptanceEstimate:
@@ -38,9 +40,12 @@ class Learner:
         steps = record.step_records
         if not steps:
             return
-        # a batched step's verify seconds are the whole batch's forward: not the single-row
-        # line's (the serving controller fits the batch cost itself; not persisted yet)
+        # a batched step's verify seconds are the whole batch's forward: they fit the batch
+        # cost (each row reports the batch, with 1 / rows of its weight), not the single-row line
         single = [s for s in steps if s.batch_size == 1]
+        for s in steps:
+            if s.batch_size > 1:
+                self.batch.observe(s.batch_size, s.batch_tokens, s.verify_seconds, 1 / s.batch_size)
         self.costs.observe_verify_many([s.verify_tokens for s in single],
                                        [s.verify_seconds for s in single])
         # an unlabelled request informs the pooled estimates only
@@ -96,4 +101,5 @@ class Learner:
                            for w, per in self.acceptance.items()},
             "draft_seconds_per_token": dict(self.costs.draft),
             "verify_line": list(line) if line else None,
+            "batch_cost": self.batch.state() if self.batch.observed else None,
         }

@@ -103,6 +103,9 @@ class DaemonState:
         learner = self.learners.get(key)
         if learner is None:
             learner = Learner(k_max=self._k_max()).restore(self.store.load_estimates(*key))
+            batch = self.store.load_batch_cost(*key)
+            if batch:
+                learner.batch.restore(batch)
             self.learners[key] = learner
             self.snapshots[key] = learner.snapshot()
             if learner.acceptance:
@@ -147,7 +150,10 @@ class DaemonState:
         """Worker thread. Persist the estimates of every key that learnt something."""
         written = 0
         for key in sorted(self.dirty):
-            written += self.store.save_estimates(*key, self.learners[key].estimates())
+            learner = self.learners[key]
+            written += self.store.save_estimates(*key, learner.estimates())
+            if learner.batch.observed:
+                self.store.save_batch_cost(*key, learner.batch.state())
         self.dirty.clear()
         return written
 
