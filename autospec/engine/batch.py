@@ -213,10 +213,14 @@ class BatchEngine(Engine):
 
     def finish(self, request: Request) -> Generation:
         """Free the request's row (at once: the next request may join it) and summarise."""
+        self.abandon(request)
+        return super().finish(request)
+
+    def abandon(self, request: Request) -> None:
+        """Free the request's row with no result (its run or its server step failed)."""
         if isinstance(request.cache, int):
             self.cache.release(request.cache)
             request.cache = None
-        return super().finish(request)
 
     # -- the loop -----------------------------------------------------------------------
     def step(self, request: Request, drafter_name: str | None, k: int) -> list[int]:
@@ -266,6 +270,30 @@ class BatchEngine(Engine):
         finally:
             self.cache.bound = None
 
+    def advance(self, rows: Sequence[tuple[Request, Controller]]) -> list[list[int]]:
+        """One step of continuous batching over the active rows: each controller decides for
+        all its rows at once (`decide_batch`; rows may have different controllers, as a server's
+        requests do), one `step_batch`, every row's controller told its step, the controllers'
+        seconds shared among the rows. Returns the tokens appended to each row."""
+        t0 = time.perf_counter()
+        groups: dict[int, list[int]] = {}  # controller -> its rows, in row order
+        for i, (_, controller) in enumerate(rows):
+            groups.setdefault(id(controller), []).append(i)
+        choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
+        for indices in groups.values():
+            decided = decide_batch(rows[indices[0]][1], [rows[i][0] for i in indices])
+            for i, choice in zip(indices, decided):
+                choices[i] = choice
+        t1 = time.perf_counter()
+        emitted = self.step_batch([(request, *choice) for (request, _), choice in zip(rows, choices)])
+        t2 = time.perf_counter()
+        for request, controller in rows:
+            controller.update(request.steps[-1], request)
+        share = ((t1 - t0) + (time.perf_counter() - t2)) / len(rows)
+        for request, _ in rows:
+            request.steps[-1].controller_seconds = share
+        return emitted
+
     def run(self, jobs: Iterable[Job], controller: Controller | None = None,
             max_batch: int | None = None,
             on_tokens: Callable[[Request, list[int]], None] | None = None) -> list[Generation]:
@@ -292,17 +320,8 @@ class BatchEngine(Engine):
                     request.started = submitted.popleft()
                     active[i] = request
                 rows = list(active.items())
-                requests = [request for _, request in rows]
-                t0 = time.perf_counter()
-                choices = decide_batch(controller, requests)
-                t1 = time.perf_counter()
-                emitted = self.step_batch([(r, *choice) for r, choice in zip(requests, choices)])
-                t2 = time.perf_counter()
-                for request in requests:
-                    controller.update(request.steps[-1], request)
-                share = ((t1 - t0) + (time.perf_counter() - t2)) / len(requests)
+                emitted = self.advance([(request, controller) for _, request in rows])
                 for (i, request), tokens in zip(rows, emitted):
-                    request.steps[-1].controller_seconds = share
                     if on_tokens:
                         on_tokens(request, tokens)
                     if request.done:
@@ -310,5 +329,5 @@ class BatchEngine(Engine):
                         submitted.append(time.perf_counter())
         finally:  # a job that cannot start (too long) ends the run: free the rows in flight
             for request in active.values():
-                self.cache.release(request.cache)
+                self.abandon(request)
         return results

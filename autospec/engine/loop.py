@@ -70,6 +70,9 @@ class Request:
     peeked: dict[str, tuple[int, int, Draft, float]] = field(default_factory=dict)
     # Engine.peek bound to this request, for a controller that decides from the proposal
     peek: Callable[[str, int], Draft | None] | None = field(default=None, repr=False)
+    # drafter options for this request in place of the engine's, set before its first step: a
+    # server's tenant (its own suffix index) shares one batch with the other tenants
+    drafter_options: dict[str, dict] | None = None
 
     @property
     def output(self) -> list[int]:
@@ -165,8 +168,8 @@ class Engine:
 
     def drafter_for(self, request: Request, name: str) -> Drafter:
         if name not in request.drafters:
-            request.drafters[name] = create_drafter(name, self.models,
-                                                    **self.drafter_options.get(name, {}))
+            options = self.drafter_options if request.drafter_options is None else request.drafter_options
+            request.drafters[name] = create_drafter(name, self.models, **options.get(name, {}))
         return request.drafters[name]
 
     # -- the loop -----------------------------------------------------------------------
