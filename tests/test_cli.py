@@ -131,3 +131,13 @@ def test_bench_suffix_history_is_per_method_and_repeat(pair_args, tmp_path):
     assert result.exit_code == 0, result.output
     methods = json.loads(out.read_text())["methods"]
     assert all(m["overall"]["identical_to_plain"] for m in methods.values())
+
+
+def test_each_pair_names_its_default_workloads():
+    """A chat model is benchmarked on chat prompts, the reference pair on raw code and prose."""
+    from autospec.models.pairs import PAIRS
+    assert PAIRS["reference"].workload("bench").name == "reference.jsonl"
+    assert PAIRS["reference"].workload("demo").name == "mixed.jsonl"
+    assert PAIRS["smollm2"].workload("bench").name == "chat.jsonl"
+    for spec in PAIRS.values():
+        assert spec.workload("bench").is_file() and spec.workload("demo").is_file()

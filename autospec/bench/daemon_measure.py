@@ -130,14 +130,14 @@ def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
 
     import autospec
     from autospec.bench.harness import load_prompts
-    from autospec.cli.demo import mixed_prompts
+    from autospec.models.pairs import PAIRS
     from autospec.engine.loop import StaticController
     proc, sock = start_daemon(tmp)
     serve = spawn(["serve", "--port", "0", "--daemon", f"unix:{sock}", "--log-level", "warning"],
                   tmp / "serve.log", timeout=300)
     url = serve.url
     engine = autospec.load()
-    rows = load_prompts(mixed_prompts())[:prompts]
+    rows = load_prompts(PAIRS["reference"].workload("demo"))[:prompts]
     totals = {"serve": [0, 0.0], "engine": [0, 0.0]}
     try:
         for p in rows * 2:

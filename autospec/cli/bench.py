@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from importlib.resources import files
 from pathlib import Path
 
 import click
@@ -15,12 +14,6 @@ DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ng
                    "static:draft-model:8,static:early-exit:1,static:early-exit:2,"
                    "static:early-exit:4,static:early-exit:8,hf:generate,hf:assisted:4,"
                    "hf:prompt-lookup:4,hf:early-exit:4,adaptive,oracle,oracle-per-category")
-
-
-def default_prompts() -> Path:
-    # configs/ is installed as autospec.configs (pyproject's package-dir), so this works
-    # from a checkout and from a wheel alike
-    return Path(str(files("autospec.configs") / "workloads" / "reference.jsonl"))
 
 
 def _levels(ctx, param, value: str | None) -> list[int] | None:
@@ -41,7 +34,8 @@ def _levels(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--prompts", "prompts_path", type=click.Path(path_type=Path), default=None,
               help="Workload JSONL ({id, prompt | messages, category[, max_new_tokens]} per "
                    "line; messages: a chat, rendered with the target's chat template). "
-                   "Default: configs/workloads/reference.jsonl.")
+                   "Default: the pair's (reference: configs/workloads/reference.jsonl; "
+                   "smollm2: chat.jsonl).")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0))
@@ -72,13 +66,14 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
     from autospec.bench.harness import format_table, load_prompts, run_bench
     from autospec.method import parse_methods
+    from autospec.models.pairs import DEFAULT_PAIR, named_pair
     check_pair_args(pair, target, draft)
     if plot_path and not concurrency:
         raise click.UsageError("--plot draws the figures under load: give --concurrency too "
                                "(e.g. --concurrency 1,4,16)")
     try:
         method_list = parse_methods(methods)
-        prompts = load_prompts(prompts_path or default_prompts())
+        prompts = load_prompts(prompts_path or named_pair(pair or DEFAULT_PAIR).workload("bench"))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     if limit:

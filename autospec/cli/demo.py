@@ -9,14 +9,10 @@ import click
 from autospec.cli.options import check_pair_args, draft_option, pair_option, target_option
 
 
-def mixed_prompts() -> Path:
-    from importlib.resources import files
-    return Path(str(files("autospec.configs") / "workloads" / "mixed.jsonl"))
-
-
 @click.command()
 @click.option("--prompts", "prompts_path", type=click.Path(path_type=Path), default=None,
-              help="Workload JSONL. Default: the shipped mixed workload.")
+              help="Workload JSONL. Default: the pair's demo workload (reference: the "
+                   "shipped mixed workload; smollm2: the chat workload).")
 @click.option("--limit", default=None, type=click.IntRange(min=1),
               help="Use only the first N prompts of the workload.")
 @click.option("--max-new-tokens", "--max-tokens", "max_tokens", default=128, show_default=True,
@@ -35,13 +31,14 @@ def demo(prompts_path, limit, max_tokens, db, pair, target, draft):
 
     from autospec.bench.harness import load_prompts
     from autospec.demo import DemoError, format_summary, run_demo
-    from autospec.models.pairs import named_pair
+    from autospec.models.pairs import DEFAULT_PAIR, named_pair
 
     check_pair_args(pair, target, draft)
     try:
-        prompts = load_prompts(prompts_path or mixed_prompts())
+        spec = named_pair(pair or DEFAULT_PAIR)
+        prompts = load_prompts(prompts_path or spec.workload("demo"))
         if pair:
-            named_pair(pair).locate()  # a pair not fetched yet: say so here, not in serve's log
+            spec.locate()  # a pair not fetched yet: say so here, not in serve's log
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     prompts = prompts[:limit] if limit else prompts

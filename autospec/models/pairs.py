@@ -27,6 +27,16 @@ class NamedPair:
     draft: Callable[[], Path]  # the draft's; absent -> the pair is target-only
     fetch: str | None = None  # the command that puts a missing target in place
     build_preset: str | None = None  # or: the `autospec models build` preset that makes it
+    # configs/workloads/ files bench and demo run when given no --prompts: what the pair's
+    # target is for (the reference pair continues raw code and prose; SmolLM2 is a chat model)
+    bench_workload: str = "reference.jsonl"
+    demo_workload: str = "mixed.jsonl"
+
+    def workload(self, which: str) -> Path:
+        """The default workload file for `bench` or `demo` (installed as autospec.configs)."""
+        from importlib.resources import files
+        name = self.bench_workload if which == "bench" else self.demo_workload
+        return Path(str(files("autospec.configs") / "workloads" / name))
 
     def locate(self) -> tuple[Path, Path | None]:
         """(target dir, draft dir or None), building a missing buildable target; a missing
@@ -48,7 +58,8 @@ PAIRS: dict[str, NamedPair] = {p.name: p for p in (
               build_preset="reference"),
     NamedPair("smollm2", "SmolLM2-135M-Instruct (chat), fetched into the cache",
               lambda: smollm2_dir() / "target", lambda: SMOLLM2_SHIPPED_DIR / "draft",
-              fetch="autospec models fetch smollm2"),
+              fetch="autospec models fetch smollm2", bench_workload="chat.jsonl",
+              demo_workload="chat.jsonl"),
 )}
 
 
