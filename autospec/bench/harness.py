@@ -160,6 +160,8 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
     for m in measured:
         same = all(data.outputs[m][p.id] == data.outputs["plain"][p.id] for p in prompts) if greedy else None
         report["methods"][m] = _stats_for(data.cells[m], categories, repeats, same)
+        if m.startswith(("adaptive", "ctl:")):
+            report["methods"][m]["choices"] = choice_shares(s for _, s in data.steps[m])
     _add_speedups(report, categories)
     for m in methods:
         if m.kind == "oracle":
@@ -176,6 +178,22 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
     report["predicted_static"] = predicted_static(report)
     report["sample_outputs"] = {p.id: tok.decode(data.outputs["plain"][p.id]) for p in prompts[:3]}
     return report
+
+
+def choice_shares(steps) -> dict:
+    """What a controller chose, as shares of its steps: {"drafters": {name: share}, "k":
+    {K: share}} (the first repeat's steps)."""
+    drafters: dict[str, int] = defaultdict(int)
+    ks: dict[str, int] = defaultdict(int)
+    n = 0
+    for s in steps:
+        drafters[s.drafter] += 1
+        ks[str(s.k)] += 1
+        n += 1
+    if not n:
+        return {}
+    return {name: {key: round(c / n, 4) for key, c in sorted(counts.items(), key=lambda kv: -kv[1])}
+            for name, counts in (("drafters", drafters), ("k", ks))}
 
 
 def cell_stats(cells: list[Cell], same: bool | None) -> dict:
@@ -385,6 +403,12 @@ def format_table(report: dict) -> str:
         label = f"{name} ({picked})" if isinstance(picked, str) else name
         lines.append(f"| {label} | " + " | ".join(cells) +
                      f" | {'' if acc is None else f'{acc:.2f}'} | {'' if same is None else same} |")
+    for name, stats in report["methods"].items():
+        choices = stats.get("choices")
+        if choices:
+            top = {what: ", ".join(f"{key} {v:.0%}" for key, v in list(shares.items())[:5])
+                   for what, shares in choices.items()}
+            lines += ["", f"{name} chose drafters {top['drafters']}; K {top['k']}"]
     shares = [f"{name} {stats[OVERALL]['controller_share']:.1%}" for name, stats in report["methods"].items()
               if stats[OVERALL].get("controller_share", 0) > 0.001]
     if shares:
