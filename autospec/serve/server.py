@@ -2,16 +2,22 @@
 /v1/completions and /v1/chat/completions share one path (a chat is rendered into prompt ids
 first, on the decode thread; only the response bodies differ).
 
-The engine decodes one request at a time (batch 1, the regime speculative decoding is for);
-requests queue for the decode thread. Everything else happens on the event loop and never
-waits on the daemon: finished requests' telemetry goes to the DaemonClient's bounded buffer,
-parameters are pulled every `params_interval` seconds and applied on the decode thread between
-requests (the controllers are the decode thread's alone, so they need no lock).
+The engine batches (batcher.py): up to `max_batch` requests advance together, one target
+forward per step, each with its own controller's (drafter, k); requests join free rows between
+steps and wait in a queue of at most `max_queue` (past it: HTTP 429 with Retry-After). A
+request too long for a row (prompt + max_tokens > the row's positions) is a 400 naming both.
+Everything else happens on the event loop and never waits on the daemon: finished requests'
+telemetry goes to the DaemonClient's bounded buffer, parameters are pulled every
+`params_interval` seconds and applied on the decode thread between steps (the controllers are
+the decode thread's alone, so they need no lock).
 
-Tenants (`tenant_field`, see openai.py): each tenant decodes through an Engine of its own over
-the same models, whose suffix options name the tenant, so its drafters read and feed that
-tenant's shared index only. An Engine over loaded models is a few attributes, and the engine
-never branches on drafter type: the tenant reaches the drafter as an option like any other.
+Tenants (`tenant_field`, see openai.py): each tenant's requests get drafter options of their
+own, whose suffix options name the tenant, so their drafters read and feed that tenant's
+shared index only — and all tenants share one batch. Why not one engine per tenant, as before
+batching: each would hold a RowCache of max_batch rows (memory grows with the tenants, and
+`--tenant-field user` may mean one tenant per end user), and tenants would step in separate
+forwards, each paying the weights' read. Isolation lives in the drafters' state, not in the
+target's rows, which never see each other (RowCache's mask), so one batch loses nothing.
 
 Fleet sharing (`share_outputs`, with a daemon): the segments this process's requests hand to
 their shared suffix indexes go to the daemon with the telemetry, and every `params_interval`
@@ -26,7 +32,7 @@ import dataclasses
 import json
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+import functools
 
 from aiohttp import web
 
@@ -35,15 +41,28 @@ from autospec.controller.factory import make_controller
 from autospec.daemon.service import stop_on_signals
 from autospec.drafters.base import known_drafters
 from autospec.drafters.suffix import SuffixOptions, export_handoffs, shared_index
+from autospec.engine.batch import BatchEngine
 from autospec.engine.loop import Engine, Generation
+from autospec.engine.sampling import SamplingParams
 from autospec.engine.textstream import TextStream
 from autospec.models.chat import ChatError, encode_chat
 from autospec.policy import parameters_from_dict
 from autospec.serve import openai
+from autospec.serve.batcher import DecodeLoop, QueueFull, Row
 from autospec.serve.client import DaemonClient
 
 log = logging.getLogger("autospec.serve")
 SERVER = web.AppKey("server", object)
+QUEUE_PER_ROW = 4  # default wait queue: this many requests per batch row
+
+
+def default_max_batch() -> int:
+    """Rows decoding at once when the operator gives none. On a CPU a forward's cost grows
+    with its rows (this project's 2-core machine: 16 rows x 1 token cost 2.2x one row), so
+    past ~8 rows more raise every request's inter-token latency for little throughput; a GPU
+    forward stays memory-bound far longer."""
+    import torch
+    return 32 if torch.cuda.is_available() else 8
 
 
 def settings_for(params: dict | None, workload: str | None) -> ControllerSettings:
@@ -57,7 +76,8 @@ def settings_for(params: dict | None, workload: str | None) -> ControllerSetting
 class Server:
     def __init__(self, engine: Engine, model_name: str, daemon: DaemonClient | None = None,
                  params_interval: float = 5.0, max_tokens_limit: int | None = None,
-                 tenant_field: str | None = None, share_outputs: bool = False):
+                 tenant_field: str | None = None, share_outputs: bool = False,
+                 max_batch: int | None = None, max_queue: int | None = None):
         if tenant_field not in (None, *openai.TENANT_FIELDS):
             raise ValueError(f"tenant field {tenant_field!r}: expected one of "
                              f"{', '.join(openai.TENANT_FIELDS)}")
@@ -69,12 +89,15 @@ class Server:
         self.share_outputs = share_outputs
         if share_outputs:
             export_handoffs(engine.models, daemon.submit_output)
-        self.engines: dict[str, Engine] = {}  # tenant -> its engine (the decode thread's)
+        self.tenant_options: dict[str, dict] = {}  # tenant -> its drafter options
         self.model_name = model_name
         self.daemon = daemon
         self.params_interval = params_interval
-        self.max_tokens_limit = max_tokens_limit or engine.models.max_positions
-        self.decode = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autospec-decode")
+        max_batch = default_max_batch() if max_batch is None else max_batch
+        self.batch = BatchEngine(engine.models, max_batch, drafter_options=engine.drafter_options)
+        self.max_tokens_limit = max_tokens_limit or self.batch.max_positions
+        self.decode = DecodeLoop(self.batch, QUEUE_PER_ROW * max_batch if max_queue is None
+                                 else max_queue)
         # every registered drafter the pair can run: a policy may list suffix or a plugin
         self.available = engine.models.available_drafters(tuple(known_drafters()))
         self.params: dict | None = None  # the last GET /v1/params answer
@@ -108,41 +131,45 @@ class Server:
             ids = encode_chat(self.engine.models, req.messages)
         except ChatError as exc:
             raise openai.InvalidRequest(str(exc), exc.param) from None
-        limit = self.engine.models.max_positions
+        limit = self.batch.max_positions
         if len(ids) >= limit:
             raise openai.InvalidRequest(f"messages: the rendered chat has {len(ids)} tokens; "
-                                        f"the target's limit is {limit} positions", "messages")
-        return dataclasses.replace(req, prompt=ids)
+                                        f"a batch row holds {limit} positions", "messages")
+        # chat's max_tokens defaults to the whole context (openai.py): what the row has left
+        return dataclasses.replace(req, prompt=ids,
+                                   max_tokens=min(req.max_tokens, limit - len(ids)))
 
-    def engine_for(self, tenant: str | None) -> Engine:
-        """The engine whose suffix drafters use `tenant`'s shared index (None: the server's)."""
+    def options_for(self, tenant: str | None) -> dict[str, dict] | None:
+        """Drafter options whose suffix drafter uses `tenant`'s shared index (None: the
+        engine's)."""
         if tenant is None:
-            return self.engine
-        engine = self.engines.get(tenant)
-        if engine is None:
-            options = dict(self.engine.drafter_options)
+            return None
+        options = self.tenant_options.get(tenant)
+        if options is None:
+            options = dict(self.batch.drafter_options)
             options["suffix"] = {**options.get("suffix", {}), "tenant": tenant}
-            engine = self.engines[tenant] = Engine(self.engine.models, options)
-        return engine
+            self.tenant_options[tenant] = options
+        return options
 
-    def generate(self, req: openai.Completion, on_text) -> Generation:
+    def check_method(self, req: openai.Completion) -> None:
         method = req.method
-        if method.kind == "adaptive":
-            controller = self.controller(req.workload)
-        else:
-            if method.drafter not in (None, "synthetic", *self.available):
-                raise openai.InvalidRequest(f"autospec.method: drafter {method.drafter!r} is not "
-                                            f"available here (have: {', '.join(self.available)})")
-            controller = make_controller(method)
-        text = TextStream(self.engine.models.tokenizer) if on_text else None
-        callback = (lambda tokens: on_text(text.add(tokens))) if on_text else None
-        generation = self.engine_for(req.tenant).generate(
-            req.prompt, controller=controller, max_new_tokens=req.max_tokens,
-            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
-            workload=req.workload, on_tokens=callback)
-        if on_text:
-            on_text(text.add([], final=True))
-        return generation
+        if method.kind != "adaptive" and method.drafter not in (None, "synthetic", *self.available):
+            raise openai.InvalidRequest(f"autospec.method: drafter {method.drafter!r} is not "
+                                        f"available here (have: {', '.join(self.available)})")
+
+    def admit(self, req: openai.Completion, on_text, engine: BatchEngine) -> Row:
+        """Start `req` in a free row of `engine` (on the decode thread, when one is free):
+        its controller, its tenant's drafter options, its text stream."""
+        controller = (self.controller(req.workload) if req.method.kind == "adaptive"
+                      else make_controller(req.method))
+        request = engine.start(req.prompt, req.max_tokens,
+                               SamplingParams(req.temperature, req.top_k, req.top_p), req.seed,
+                               workload=req.workload)
+        request.drafter_options = self.options_for(req.tenant)
+        if not on_text:
+            return Row(request, controller)
+        text = TextStream(engine.models.tokenizer)
+        return Row(request, controller, lambda tokens, done: on_text(text.add(tokens, final=done)))
 
     # -- event loop ------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -161,19 +188,32 @@ class Server:
         loop = asyncio.get_running_loop()
         try:
             req = parse(payload, self.model_name, self.max_tokens_limit, self.tenant_field)
+            self.check_method(req)
             if req.messages is not None:
-                req = await loop.run_in_executor(self.decode, self.render, req)
+                req = await asyncio.wrap_future(self.decode.call(self.render, req))
         except openai.InvalidRequest as exc:
             return _error(400, str(exc), exc.param)
+        deltas: asyncio.Queue = asyncio.Queue()
+        on_text = lambda delta: delta and loop.call_soon_threadsafe(deltas.put_nowait, delta)  # noqa: E731
+        try:
+            ticket = self.decode.submit(functools.partial(self.admit, req,
+                                                          on_text if req.stream else None))
+        except QueueFull as exc:
+            return _error(429, str(exc), kind="server_overloaded",
+                          headers={"Retry-After": str(exc.retry_after)})
+        try:  # refused before the first token (too long for a row): a plain 400, even streaming
+            await asyncio.wrap_future(ticket.started)
+        except openai.InvalidRequest as exc:
+            return _error(400, str(exc), exc.param)
+        except ValueError as exc:
+            return _error(400, str(exc))
         respond = openai.Responder(req.messages is not None, self.model_name, str(req.method))
         if not req.stream:
-            generation = await self._run(loop, req, None)
+            generation = await self._finished(ticket)
             if isinstance(generation, web.Response):
                 return generation
             return web.json_response(respond.whole(generation.text, generation.telemetry))
-        deltas: asyncio.Queue = asyncio.Queue()
-        on_text = lambda delta: delta and loop.call_soon_threadsafe(deltas.put_nowait, delta)  # noqa: E731
-        task = asyncio.ensure_future(self._run(loop, req, on_text))
+        task = asyncio.ensure_future(self._finished(ticket))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})
         await response.prepare(request)
@@ -197,7 +237,7 @@ class Server:
             else:
                 getter.cancel()
         generation = task.result()
-        if isinstance(generation, web.Response):  # refused before the first token
+        if isinstance(generation, web.Response):  # failed while decoding
             await send(json.loads(generation.text))
         else:
             await send(respond.last(generation.telemetry))
@@ -206,13 +246,13 @@ class Server:
             await response.write_eof()
         return response
 
-    async def _run(self, loop, req: openai.Completion, on_text):
+    async def _finished(self, ticket) -> Generation | web.Response:
+        """The request's Generation once it ends (its telemetry sent), or a 500."""
         try:
-            generation = await loop.run_in_executor(self.decode, self.generate, req, on_text)
-        except openai.InvalidRequest as exc:
-            return _error(400, str(exc), exc.param)
-        except ValueError as exc:  # prompt too long for the model, and the like
-            return _error(400, str(exc))
+            generation = await asyncio.wrap_future(ticket.done)
+        except Exception as exc:  # a failed step: the decode loop goes on with other requests
+            log.exception("decoding failed", exc_info=exc)
+            return _error(500, f"decoding failed: {exc}", kind="server_error")
         self.served += 1
         if self.daemon is not None:
             self.daemon.submit(generation.telemetry)
@@ -224,7 +264,7 @@ class Server:
         params = await self.daemon.fetch_params()
         if params is None:
             return False
-        await asyncio.get_running_loop().run_in_executor(self.decode, self.apply_params, params)
+        await asyncio.wrap_future(self.decode.call(self.apply_params, params))
         return True
 
     async def pull_outputs(self) -> int:
@@ -253,7 +293,7 @@ class Server:
 
     async def healthz(self, request: web.Request) -> web.Response:
         body = {"status": "ok", "model": self.model_name, "served": self.served,
-                "pid": os.getpid(),
+                "pid": os.getpid(), "waiting": self.decode.waiting,
                 "policy_hash": self.params["policy"]["hash"] if self.params else None}
         if self.daemon is not None:
             d = self.daemon
@@ -271,8 +311,10 @@ class Server:
         return app
 
 
-def _error(status: int, message: str, param: str | None = None) -> web.Response:
-    return web.json_response(openai.error_body(message, param), status=status)
+def _error(status: int, message: str, param: str | None = None,
+           kind: str = "invalid_request_error", headers: dict | None = None) -> web.Response:
+    return web.json_response(openai.error_body(message, param, kind), status=status,
+                             headers=headers)
 
 
 async def run_serve(server: Server, host: str, port: int, announce=print,
@@ -306,5 +348,5 @@ async def run_serve(server: Server, host: str, port: int, announce=print,
                 log.warning("telemetry not delivered at exit", extra={"fields": {
                     "records": server.daemon.unacknowledged}})
             await server.daemon.close()
-        server.decode.shutdown(wait=True)
+        server.decode.close()  # every accepted request is decoded first
     return 0
