@@ -2,5 +2,6 @@
 controller, reporting to `autospec daemon`.
 
     openai.py   /v1/completions and /v1/chat/completions requests (validated), response shapes
-    server.py   the aiohttp app: one decode thread, SSE streaming, telemetry and parameter pulls
+    server.py   the aiohttp app: SSE streaming, controllers, telemetry and parameter pulls
+    batcher.py  the one decode thread: continuous batching, the bounded wait queue (429)
 """
