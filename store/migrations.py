@@ -33,9 +33,26 @@ def _v2_to_v3(connection: Connection) -> None:
     the old tables changes)."""
 
 
+def _v3_to_v4(connection: Connection) -> None:
+    """estimates and batch_costs gain `instance` (the daemon that learnt the row) in their
+    unique key, so daemons sharing a store stop overwriting each other. SQLite cannot change
+    a table's constraints in place: each table is rebuilt (renamed, created anew, copied, the
+    old one dropped); the old rows become instance "" (a lone daemon's)."""
+    for table in (schema.EstimateRow.__table__, schema.BatchCostRow.__table__):
+        if not inspect(connection).has_table(table.name):
+            continue  # batch_costs, from a v2 store: create_or_migrate's create_all makes it
+        old = f"{table.name}_v3"
+        columns = ", ".join(c.name for c in table.columns if c.name not in ("id", "instance"))
+        connection.execute(text(f"ALTER TABLE {table.name} RENAME TO {old}"))
+        table.create(connection)
+        connection.execute(text(f"INSERT INTO {table.name} ({columns}, instance) "
+                                f"SELECT {columns}, '' FROM {old}"))
+        connection.execute(text(f"DROP TABLE {old}"))
+
+
 # (from_version, upgrade): upgrade(connection) turns a store at from_version into one at
 # from_version + 1. Ordered.
-MIGRATIONS: list[tuple[int, Migration]] = [(1, _v1_to_v2), (2, _v2_to_v3)]
+MIGRATIONS: list[tuple[int, Migration]] = [(1, _v1_to_v2), (2, _v2_to_v3), (3, _v3_to_v4)]
 
 
 def stored_version(connection: Connection) -> int | None:

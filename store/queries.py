@@ -113,13 +113,24 @@ def count_requests(session: Session, model_pair: str | None = None, hardware: st
     return int(session.scalar(query))
 
 
-def load_estimates(session: Session, model_pair: str, hardware: str) -> dict[str, dict[str, Estimate]]:
-    """{workload: {drafter: Estimate}} for one model pair on one hardware ({} if none yet)."""
-    rows = session.scalars(select(EstimateRow).where(EstimateRow.model_pair == model_pair,
-                                                     EstimateRow.hardware == hardware))
-    out: dict[str, dict[str, Estimate]] = {}
-    for row in rows:
-        out.setdefault(row.workload, {})[row.drafter] = Estimate(
+def load_estimates(session: Session, model_pair: str, hardware: str,
+                   instance: str = "") -> dict[str, dict[str, Estimate]]:
+    """{workload: {drafter: Estimate}} one daemon instance learnt for a model pair on one
+    hardware ({} if none yet)."""
+    return fleet_estimates(session, model_pair, hardware, instance).get(instance, {})
+
+
+def fleet_estimates(session: Session, model_pair: str, hardware: str,
+                    instance: str | None = None) -> dict[str, dict[str, dict[str, Estimate]]]:
+    """{instance: {workload: {drafter: Estimate}}}: what every daemon sharing this store
+    learnt for a model pair on one hardware (only `instance`'s when given)."""
+    query = select(EstimateRow).where(EstimateRow.model_pair == model_pair,
+                                      EstimateRow.hardware == hardware)
+    if instance is not None:
+        query = query.where(EstimateRow.instance == instance)
+    out: dict[str, dict[str, dict[str, Estimate]]] = {}
+    for row in session.scalars(query):
+        out.setdefault(row.instance, {}).setdefault(row.workload, {})[row.drafter] = Estimate(
             row.drafter, row.workload, row.conditional_acceptance, row.observations,
             row.draft_seconds_per_token, row.verify_base_seconds, row.verify_slope_seconds,
             _utc(row.updated_at))
@@ -127,9 +138,9 @@ def load_estimates(session: Session, model_pair: str, hardware: str) -> dict[str
 
 
 def save_estimates(session: Session, model_pair: str, hardware: str,
-                   estimates: Iterable[Estimate]) -> int:
-    """Insert or replace each estimate under (model pair, drafter, workload, hardware);
-    returns how many were written. updated_at is set to now (UTC)."""
+                   estimates: Iterable[Estimate], instance: str = "") -> int:
+    """Insert or replace each estimate under (model pair, drafter, workload, hardware,
+    instance); returns how many were written. updated_at is set to now (UTC)."""
     _key("model_pair", model_pair), _key("hardware", hardware)
     written = 0
     for est in estimates:
@@ -138,10 +149,11 @@ def save_estimates(session: Session, model_pair: str, hardware: str,
         workload = est.workload or ALL_WORKLOADS
         row = session.scalar(select(EstimateRow).where(
             EstimateRow.model_pair == model_pair, EstimateRow.hardware == hardware,
-            EstimateRow.drafter == est.drafter, EstimateRow.workload == workload))
+            EstimateRow.drafter == est.drafter, EstimateRow.workload == workload,
+            EstimateRow.instance == instance))
         if row is None:
             row = EstimateRow(model_pair=model_pair, hardware=hardware, drafter=est.drafter,
-                              workload=workload)
+                              workload=workload, instance=instance)
             session.add(row)
         row.conditional_acceptance = list(est.conditional_acceptance)
         row.observations = list(est.observations)
@@ -154,20 +166,32 @@ def save_estimates(session: Session, model_pair: str, hardware: str,
     return written
 
 
-def load_batch_cost(session: Session, model_pair: str, hardware: str) -> dict | None:
-    """The batch cost's saved state (BatchCost.state()) for one pair and hardware, or None."""
-    row = session.scalar(select(BatchCostRow).where(BatchCostRow.model_pair == model_pair,
-                                                    BatchCostRow.hardware == hardware))
-    return dict(row.state) if row is not None else None
+def load_batch_cost(session: Session, model_pair: str, hardware: str,
+                    instance: str = "") -> dict | None:
+    """One daemon instance's saved batch cost (BatchCost.state()) for one pair and hardware,
+    or None."""
+    return fleet_batch_costs(session, model_pair, hardware, instance).get(instance)
 
 
-def save_batch_cost(session: Session, model_pair: str, hardware: str, state: dict) -> None:
-    """Insert or replace the batch cost's state under (model pair, hardware)."""
+def fleet_batch_costs(session: Session, model_pair: str, hardware: str,
+                      instance: str | None = None) -> dict[str, dict]:
+    """{instance: BatchCost.state()} of every daemon sharing this store (or only `instance`)."""
+    query = select(BatchCostRow).where(BatchCostRow.model_pair == model_pair,
+                                       BatchCostRow.hardware == hardware)
+    if instance is not None:
+        query = query.where(BatchCostRow.instance == instance)
+    return {row.instance: dict(row.state) for row in session.scalars(query)}
+
+
+def save_batch_cost(session: Session, model_pair: str, hardware: str, state: dict,
+                    instance: str = "") -> None:
+    """Insert or replace the batch cost's state under (model pair, hardware, instance)."""
     _key("model_pair", model_pair), _key("hardware", hardware)
     row = session.scalar(select(BatchCostRow).where(BatchCostRow.model_pair == model_pair,
-                                                    BatchCostRow.hardware == hardware))
+                                                    BatchCostRow.hardware == hardware,
+                                                    BatchCostRow.instance == instance))
     if row is None:
-        row = BatchCostRow(model_pair=model_pair, hardware=hardware)
+        row = BatchCostRow(model_pair=model_pair, hardware=hardware, instance=instance)
         session.add(row)
     row.state = dict(state)
     row.updated_at = datetime.now(timezone.utc)

@@ -5,7 +5,9 @@ ours. `SCHEMA_VERSION` is what these models describe; bump it together with a ne
 `migrations.MIGRATIONS` whenever a table changes.
 
 Rows are keyed by (model pair, hardware) strings chosen by the caller, e.g. model pair
-"reference" or "TARGET+DRAFT", hardware "cpu:2xEPYC"; the store does not parse them.
+"reference" or "TARGET+DRAFT", hardware "cpu:2xEPYC"; the store does not parse them. What a
+daemon learnt is keyed by its `instance` too ("" for a lone daemon): daemons sharing one store
+(a fleet) each write their own rows and read the others' (autospec/daemon/state.py).
 """
 from __future__ import annotations
 
@@ -18,13 +20,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from autospec.telemetry import POOLED, RequestRecord
 
-SCHEMA_VERSION = 3  # 2: estimates.conditional_acceptance, requests.controller_seconds;
-# 3: batch_costs
+SCHEMA_VERSION = 4  # 2: estimates.conditional_acceptance, requests.controller_seconds;
+# 3: batch_costs; 4: estimates and batch_costs keyed by daemon instance too (a fleet)
 TABLE_PREFIX = "autospec_"
 ALL_WORKLOADS = POOLED  # the workload key of estimates pooled over every workload
 
 # Wide enough for a hub id + local path pair; PostgreSQL enforces lengths, SQLite does not.
 _KEY = String(512)
+_INSTANCE = String(256)  # a daemon's --instance name; "" = a lone daemon (and rows before v4)
 
 
 def utc_now() -> datetime:
@@ -119,8 +122,8 @@ class EstimateRow(Base):
     accepted | positions 1..j accepted) with the (discounted) number of observations behind each; draft seconds
     per drafted token; verify seconds v(n) = base + slope * n for a forward over n tokens."""
     __tablename__ = TABLE_PREFIX + "estimates"
-    __table_args__ = (UniqueConstraint("model_pair", "drafter", "workload", "hardware",
-                                       name=TABLE_PREFIX + "estimates_key"),)
+    __table_args__ = (UniqueConstraint("model_pair", "drafter", "workload", "hardware", "instance",
+                                       name=TABLE_PREFIX + "estimates_instance_key"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     model_pair: Mapped[str] = mapped_column(_KEY)
@@ -132,6 +135,7 @@ class EstimateRow(Base):
     draft_seconds_per_token: Mapped[float | None] = mapped_column(Float, nullable=True)
     verify_base_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     verify_slope_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)  # per token
+    instance: Mapped[str] = mapped_column(_INSTANCE, default="", server_default="")
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
 
@@ -139,13 +143,14 @@ class BatchCostRow(Base):
     """The slow path's batch cost per (model pair, hardware): the sufficient statistics of
     s(B, T) = a + b B + c T (autospec/controller/batch.py, BatchCost.state())."""
     __tablename__ = TABLE_PREFIX + "batch_costs"
-    __table_args__ = (UniqueConstraint("model_pair", "hardware",
-                                       name=TABLE_PREFIX + "batch_costs_key"),)
+    __table_args__ = (UniqueConstraint("model_pair", "hardware", "instance",
+                                       name=TABLE_PREFIX + "batch_costs_instance_key"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     model_pair: Mapped[str] = mapped_column(_KEY)
     hardware: Mapped[str] = mapped_column(_KEY)
     state: Mapped[dict] = mapped_column(JSON)  # {"xtx": [9], "xty": [3], "observed": float}
+    instance: Mapped[str] = mapped_column(_INSTANCE, default="", server_default="")
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
 

@@ -126,23 +126,32 @@ class Store:
         with self.session_scope(write=False) as session:
             return queries.count_requests(session, model_pair, hardware, workload)
 
-    def load_estimates(self, model_pair: str, hardware: str) -> dict[str, dict[str, queries.Estimate]]:
+    def load_estimates(self, model_pair: str, hardware: str,
+                       instance: str = "") -> dict[str, dict[str, queries.Estimate]]:
         """{workload: {drafter: Estimate}}; workload POOLED ("*") = over all workloads."""
         with self.session_scope(write=False) as session:
-            return queries.load_estimates(session, model_pair, hardware)
+            return queries.load_estimates(session, model_pair, hardware, instance)
 
     def save_estimates(self, model_pair: str, hardware: str,
-                       estimates: Iterable[queries.Estimate]) -> int:
+                       estimates: Iterable[queries.Estimate], instance: str = "") -> int:
         with self.session_scope() as session:
-            return queries.save_estimates(session, model_pair, hardware, estimates)
+            return queries.save_estimates(session, model_pair, hardware, estimates, instance)
 
-    def load_batch_cost(self, model_pair: str, hardware: str) -> dict | None:
+    def load_batch_cost(self, model_pair: str, hardware: str, instance: str = "") -> dict | None:
         with self.session_scope(write=False) as session:
-            return queries.load_batch_cost(session, model_pair, hardware)
+            return queries.load_batch_cost(session, model_pair, hardware, instance)
 
-    def save_batch_cost(self, model_pair: str, hardware: str, state: dict) -> None:
+    def save_batch_cost(self, model_pair: str, hardware: str, state: dict,
+                        instance: str = "") -> None:
         with self.session_scope() as session:
-            queries.save_batch_cost(session, model_pair, hardware, state)
+            queries.save_batch_cost(session, model_pair, hardware, state, instance)
+
+    def fleet(self, model_pair: str, hardware: str) -> tuple[dict, dict]:
+        """What every daemon instance sharing this store learnt for one pair and hardware, in
+        one read: ({instance: {workload: {drafter: Estimate}}}, {instance: batch cost state})."""
+        with self.session_scope(write=False) as session:
+            return (queries.fleet_estimates(session, model_pair, hardware),
+                    queries.fleet_batch_costs(session, model_pair, hardware))
 
     def record_policy(self, policy_hash: str, path: str, schema_version: int) -> None:
         with self.session_scope() as session:

@@ -260,4 +260,41 @@ def test_batch_cost_round_trip_and_a_v2_store_gains_the_table(url):
         assert store.count_requests() == 1
         assert store.load_batch_cost("reference", "cpu") is None  # the table is back, empty
         with store.session_scope(write=False) as session:
-            assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION == 3
+            assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION
+
+
+def test_a_v3_store_keys_what_was_learnt_by_instance_and_keeps_its_rows(url):
+    """Schema 4 adds `instance` to the unique keys of estimates and batch_costs (a fleet of
+    daemons on one store); a v3 store's rows become instance "" (a lone daemon's)."""
+    saved = Estimate("ngram", "copy", [0.7, 0.5], [3, 1], 1e-4, 0.01, 0.002)
+    state = {"xtx": [1.0] * 9, "xty": [1.0, 2.0, 3.0], "observed": 4.0}
+    with open_store(url) as store:
+        store.save_estimates("reference", "cpu", [saved])
+        store.save_batch_cost("reference", "cpu", state)
+    with open_store(url) as store, store.session_scope() as session:  # as schema 3 wrote them
+        for table, key in (("estimates", "model_pair, drafter, workload, hardware"),
+                           ("batch_costs", "model_pair, hardware")):
+            columns = [c for c in schema.Base.metadata.tables[f"autospec_{table}"].columns.keys()
+                       if c != "instance"]
+            session.execute(text(f"CREATE TABLE old_{table} AS SELECT {', '.join(columns)} "
+                                 f"FROM autospec_{table}"))
+            session.execute(text(f"DROP TABLE autospec_{table}"))
+            session.execute(text(f"CREATE TABLE autospec_{table} (id INTEGER PRIMARY KEY, "
+                                 f"{', '.join(c + ' ' for c in columns[1:])}, UNIQUE ({key}))"))
+            session.execute(text(f"INSERT INTO autospec_{table} SELECT * FROM old_{table}"))
+            session.execute(text(f"DROP TABLE old_{table}"))
+        session.get(SchemaVersionRow, 1).version = 3
+    with open_store(url) as store:
+        assert store.load_estimates("reference", "cpu")["copy"]["ngram"] == \
+            dataclasses.replace(saved, updated_at=store.load_estimates("reference", "cpu")
+                                ["copy"]["ngram"].updated_at)
+        assert store.load_batch_cost("reference", "cpu") == state
+        # two instances now keep rows side by side under one (pair, drafter, workload, hardware)
+        store.save_estimates("reference", "cpu", [Estimate("ngram", "copy", [0.2], [5])], "b")
+        store.save_batch_cost("reference", "cpu", {**state, "observed": 1.0}, "b")
+        estimates, batch_costs = store.fleet("reference", "cpu")
+        assert sorted(estimates) == sorted(batch_costs) == ["", "b"]
+        assert estimates[""]["copy"]["ngram"].conditional_acceptance == (0.7, 0.5)
+        assert estimates["b"]["copy"]["ngram"].conditional_acceptance == (0.2,)
+        with store.session_scope(write=False) as session:
+            assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION == 4
