@@ -79,3 +79,21 @@ def random_llama(vocab: int, seed: int, scale: float = 1.0, layers: int = 2):
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)  # sharper or flatter next-token distributions
     return model
+
+
+@pytest.fixture
+def postgres_url(tmp_path):
+    """A real PostgreSQL server (pgserver: one in a wheel) for this test, as a SQLAlchemy URL
+    on the psycopg 3 driver; the test is skipped where either is missing or it cannot start."""
+    pgserver = pytest.importorskip("pgserver", reason="pip install pgserver: a PostgreSQL server "
+                                                      "in a wheel (part of the [test] extra)")
+    pytest.importorskip("psycopg", reason="pip install 'psycopg[binary]' (part of the [test] extra)")
+    try:
+        server = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
+    except Exception as exc:  # noqa: BLE001 (its own error types vary by version)
+        pytest.skip(f"pgserver could not start PostgreSQL here: {exc}")
+    try:
+        # postgresql://postgres:@/postgres?host=SOCKET_DIR -> SQLAlchemy's psycopg 3 dialect
+        yield server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
+    finally:
+        server.cleanup()

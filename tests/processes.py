@@ -57,10 +57,12 @@ def start(args: list[str], log: Path, env: dict | None = None, timeout: float = 
     return Proc(child.popen, child.url, child.log)
 
 
-def start_daemon(tmp: Path, *extra: str, db: Path | None = None, name: str = "daemon") -> Proc:
-    db = db or tmp / "store.db"
+def start_daemon(tmp: Path, *extra: str, db: Path | None = None, name: str = "daemon",
+                 url: str | None = None) -> Proc:
+    """A daemon on unix:TMP/NAME.sock over the SQLite file `db` (or the store at `url`)."""
+    url = url or f"sqlite:///{db or tmp / 'store.db'}"
     sock = tmp / f"{name}.sock"
-    return start(["daemon", "--listen", f"unix:{sock}", "--db", f"sqlite:///{db}",
+    return start(["daemon", "--listen", f"unix:{sock}", "--db", url,
                   "--flush-interval", "0.2", *extra], tmp / f"{name}.log",
                  env={"AUTOSPEC_DATA": str(tmp)})
 

@@ -233,32 +233,21 @@ def test_a_stale_running_trial_is_failed_and_rerun(tmp_path, env):
     assert len(finished_numbers(url, "st")) == 6
 
 
-def test_two_workers_on_postgresql_share_one_study(tmp_path, env):
-    pgserver = pytest.importorskip("pgserver", reason="pip install pgserver: a PostgreSQL server "
-                                                      "in a wheel (part of the [test] extra)")
-    pytest.importorskip("psycopg", reason="pip install 'psycopg[binary]' (part of the [test] extra)")
-    try:
-        server = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
-    except Exception as exc:  # noqa: BLE001 (its own error types vary by version)
-        pytest.skip(f"pgserver could not start PostgreSQL here: {exc}")
-    try:
-        # postgresql://postgres:@/postgres?host=SOCKET_DIR -> SQLAlchemy's psycopg 3 dialect
-        url = server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
-        args = tune_cmd("--study", "pg", "--storage", url, "--trace", str(TRACE), "--space",
-                        SMALL, "--trials", "30", "--heartbeat", "2", "--quiet")
-        optuna.create_study(study_name="pg", storage=url, direction="maximize")  # no create race
-        workers = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True) for _ in range(2)]
-        outputs = [w.communicate(timeout=180) for w in workers]
-        for w, (_, err) in zip(workers, outputs):
-            assert w.returncode == 0, err
-        ran = [int(err.split("this worker ran ")[1].split()[0]) for _, err in outputs]
-        numbers = finished_numbers(url, "pg")
-        assert len(numbers) == 30 and len(set(numbers)) == 30
-        assert all(n > 0 for n in ran), ran  # both took part
-        assert sum(ran) >= 30
-    finally:
-        server.cleanup()
+def test_two_workers_on_postgresql_share_one_study(tmp_path, env, postgres_url):
+    url = postgres_url
+    args = tune_cmd("--study", "pg", "--storage", url, "--trace", str(TRACE), "--space",
+                    SMALL, "--trials", "30", "--heartbeat", "2", "--quiet")
+    optuna.create_study(study_name="pg", storage=url, direction="maximize")  # no create race
+    workers = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for _ in range(2)]
+    outputs = [w.communicate(timeout=180) for w in workers]
+    for w, (_, err) in zip(workers, outputs):
+        assert w.returncode == 0, err
+    ran = [int(err.split("this worker ran ")[1].split()[0]) for _, err in outputs]
+    numbers = finished_numbers(url, "pg")
+    assert len(numbers) == 30 and len(set(numbers)) == 30
+    assert all(n > 0 for n in ran), ran  # both took part
+    assert sum(ran) >= 30
 
 
 # -- bad input -------------------------------------------------------------------------------

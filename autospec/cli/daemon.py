@@ -25,12 +25,17 @@ def default_listen() -> str:
               help="Bearer token clients must send (prefer the env var: argv is visible in ps).")
 @click.option("--flush-interval", default=2.0, show_default=True, type=click.FloatRange(min=0.05),
               help="Seconds between persisting learnt estimates.")
+@click.option("--instance", default="", envvar="AUTOSPEC_INSTANCE", show_envvar=True,
+              help="This daemon's name in a fleet (daemons sharing one store, PostgreSQL): "
+                   "each learns its own rows and serves them merged with the others'. "
+                   "Give every daemon of a fleet its own. Default: \"\" (a lone daemon).")
 @click.option("--once", is_flag=True, help="Exit (cleanly) after one acknowledged batch.")
 @click.option("--burst", default=None, type=click.IntRange(min=1),
               help="Exit (cleanly) after N acknowledged batches.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def daemon(listen, db, policy_path, allow_remote, token, flush_interval, once, burst, log_level):
+def daemon(listen, db, policy_path, allow_remote, token, flush_interval, instance, once, burst,
+           log_level):
     """Ingest telemetry, learn estimates, serve parameters; SQLite store, policy file."""
     import asyncio
     import os
@@ -58,7 +63,7 @@ def daemon(listen, db, policy_path, allow_remote, token, flush_interval, once, b
         store = open_store(db or os.environ.get("AUTOSPEC_DB"))
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
-    state = DaemonState(store, policy_path)
+    state = DaemonState(store, policy_path, instance)
     try:
         state.load_initial_policy()
     except (PolicyError, StoreError) as exc:

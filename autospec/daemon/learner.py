@@ -8,8 +8,19 @@ persists (as `autospec.store.Estimate` rows) and what a new serving process star
 
 Only steps that ran a drafter inform its acceptance here: the counterfactual n-gram scoring
 stays in the serving process's fast path (it needs the tokens, which telemetry does not carry).
+
+A fleet (several daemons on one store) merges what each daemon persisted, `fleet_estimates`:
+acceptance evidence (accepted / rejected counts per position) adds up across daemons, so a
+merged estimate is the one a daemon would hold had it seen every daemon's steps itself (up to
+the discount: each daemon's evidence ages with its own traffic, not the fleet's). Costs are
+measurements of one hardware, so daemons' figures are averaged; the batch cost's sufficient
+statistics add up, like the evidence.
 """
 from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
 
 from autospec.controller.batch import BatchCost
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
@@ -76,6 +87,13 @@ class Learner:
                                     base, slope))
         return out
 
+    def by_workload(self) -> dict[str, dict[str, Estimate]]:
+        """estimates() as {workload: {drafter: Estimate}}, the shape `restore` takes."""
+        out: dict[str, dict[str, Estimate]] = {}
+        for est in self.estimates():
+            out.setdefault(est.workload, {})[est.drafter] = est
+        return out
+
     def restore(self, estimates: dict[str, dict[str, Estimate]]) -> "Learner":
         """Continue from persisted estimates ({workload: {drafter: Estimate}}). Returns self."""
         line = None
@@ -103,3 +121,47 @@ class Learner:
             "verify_line": list(line) if line else None,
             "batch_cost": self.batch.state() if self.batch.observed else None,
         }
+
+
+def fleet_estimates(members: Iterable[dict[str, dict[str, Estimate]]]) -> dict[str, dict[str, Estimate]]:
+    """Several daemons' {workload: {drafter: Estimate}} as one: per (workload, drafter) the
+    evidence adds up (accepted = rate x observations, per position, zero-padded to the
+    longest), draft seconds per token and the verify line are the mean over the daemons that
+    measured them."""
+    evidence: dict[tuple[str, str], list[np.ndarray]] = {}  # -> [accepted, observations]
+    draft: dict[str, list[float]] = {}
+    lines: list[tuple[float, float]] = []
+    for member in members:
+        member_line = None
+        for workload, per_drafter in member.items():
+            for drafter, est in per_drafter.items():
+                seen = np.asarray(est.observations, float)
+                kept = seen * np.asarray(est.conditional_acceptance, float)
+                acc = evidence.setdefault((workload, drafter), [np.zeros(0), np.zeros(0)])
+                for i, add in enumerate((kept, seen)):
+                    n = max(len(acc[i]), len(add))
+                    acc[i] = np.pad(acc[i], (0, n - len(acc[i]))) + np.pad(add, (0, n - len(add)))
+                if est.draft_seconds_per_token is not None and workload == POOLED:
+                    draft.setdefault(drafter, []).append(est.draft_seconds_per_token)
+                if est.verify_base_seconds is not None and est.verify_slope_seconds is not None:
+                    member_line = (est.verify_base_seconds, est.verify_slope_seconds)
+        if member_line:
+            lines.append(member_line)
+    base, slope = (tuple(float(v) for v in np.mean(lines, axis=0)) if lines else (None, None))
+    out: dict[str, dict[str, Estimate]] = {}
+    for (workload, drafter), (kept, seen) in sorted(evidence.items()):
+        rates = np.divide(kept, seen, out=np.zeros_like(seen), where=seen > 0).clip(0.0, 1.0)
+        costs = draft.get(drafter)
+        out.setdefault(workload, {})[drafter] = Estimate(
+            drafter, workload, tuple(rates), tuple(seen),
+            float(np.mean(costs)) if costs else None, base, slope)
+    return out
+
+
+def fleet_batch_cost(states: Iterable[dict]) -> dict | None:
+    """Several daemons' BatchCost.state() as one: the sufficient statistics add up."""
+    states = [s for s in states if s and s["observed"] > 0]
+    if not states:
+        return None
+    return {name: np.sum([np.asarray(s[name], float) for s in states], axis=0).tolist()
+            for name in ("xtx", "xty")} | {"observed": float(sum(s["observed"] for s in states))}

@@ -5,6 +5,18 @@ Threading: every mutation (ingest, learner updates, flushes, policy reloads) run
 worker thread (`DaemonState.worker`), so none of it needs a lock against itself. The event
 loop only reads: the policy object and each key's params snapshot are replaced whole (an
 atomic assignment), never mutated in place, so GET /v1/params never waits for an ingest.
+
+A fleet: several daemons (`--instance` names each) share one store, PostgreSQL. Ingest is
+unchanged and stays one transaction: the requests table's unique (batch id, request id) makes
+a batch count once fleet-wide — a re-send to another daemon stores nothing, so that daemon
+does not learn from it either. Each daemon's Learner learns from what it ingested and every
+flush writes its own rows (estimates keyed by instance too: no daemon overwrites another's),
+then reads the other instances' rows; what GET /v1/params serves is its own learner merged
+with those (learner.fleet_estimates: evidence adds up). Why not rebuild every learner from
+the stored requests instead: the store keeps per (drafter, k) sums, not the steps the
+estimates learn from, and autoincrement ids do not arrive in commit order on PostgreSQL, so
+"every request since my last read" could skip one. A lone daemon (no other instance's rows)
+serves its learner as it is.
 """
 from __future__ import annotations
 
@@ -17,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autospec.daemon.learner import Learner
+from autospec.daemon.learner import Learner, fleet_batch_cost, fleet_estimates
 from autospec.daemon.outputs import OutputLog
 from autospec.policy import Policy, PolicyError, load_policy, parameters_to_dict, parse_policy
 from autospec.store import Store
@@ -45,13 +57,16 @@ class Counters:
 
 
 class DaemonState:
-    def __init__(self, store: Store, policy_path: Path | None):
+    def __init__(self, store: Store, policy_path: Path | None, instance: str = ""):
         self.store = store
         self.policy_path = policy_path
+        self.instance = instance  # this daemon's name in a fleet; "" = a lone daemon
         self.policy: Policy = parse_policy(DEFAULT_POLICY_TEXT, "(built-in defaults)")
         self._policy_stamp: tuple | None = None
         self.learners: dict[tuple[str, str], Learner] = {}
         self.snapshots: dict[tuple[str, str], dict] = {}  # replaced whole, read by the loop
+        # the other instances' persisted rows per key, as of the last flush: (estimates, batch)
+        self.fleet: dict[tuple[str, str], tuple[list[dict], list[dict]]] = {}
         self.dirty: set[tuple[str, str]] = set()
         self.counters = Counters()
         self.outputs = OutputLog()  # the event loop's (see outputs.py)
@@ -102,12 +117,13 @@ class DaemonState:
         """The key's Learner; the first use loads what the store persisted (a warm start)."""
         learner = self.learners.get(key)
         if learner is None:
-            learner = Learner(k_max=self._k_max()).restore(self.store.load_estimates(*key))
-            batch = self.store.load_batch_cost(*key)
+            learner = Learner(k_max=self._k_max()).restore(
+                self.store.load_estimates(*key, self.instance))
+            batch = self.store.load_batch_cost(*key, self.instance)
             if batch:
                 learner.batch.restore(batch)
             self.learners[key] = learner
-            self.snapshots[key] = learner.snapshot()
+            self._read_fleet(key)
             if learner.acceptance:
                 log.info("warm start from the store", extra={"fields": {
                     "model_pair": key[0], "hardware": key[1],
@@ -142,20 +158,44 @@ class DaemonState:
         if peak_gbs:
             c.bandwidth_utilisation[model_pair] = (
                 sum(r.bandwidth_gbs for r in records) / len(records) / peak_gbs)
-        self.snapshots[key] = learner.snapshot()
+        self._publish(key)
         self.dirty.add(key)
         return stored
 
     def flush(self) -> int:
-        """Worker thread. Persist the estimates of every key that learnt something."""
+        """Worker thread. Persist the estimates of every key that learnt something, then
+        re-read what the rest of the fleet persisted for every key."""
         written = 0
         for key in sorted(self.dirty):
             learner = self.learners[key]
-            written += self.store.save_estimates(*key, learner.estimates())
+            written += self.store.save_estimates(*key, learner.estimates(), self.instance)
             if learner.batch.observed:
-                self.store.save_batch_cost(*key, learner.batch.state())
+                self.store.save_batch_cost(*key, learner.batch.state(), self.instance)
         self.dirty.clear()
+        for key in sorted(self.learners):
+            self._read_fleet(key)
         return written
+
+    def _read_fleet(self, key: tuple[str, str]) -> None:
+        """Worker thread. The other instances' rows for a key, then a fresh snapshot."""
+        estimates, batch_costs = self.store.fleet(*key)
+        self.fleet[key] = ([e for i, e in estimates.items() if i != self.instance],
+                           [b for i, b in batch_costs.items() if i != self.instance])
+        self._publish(key)
+
+    def _publish(self, key: tuple[str, str]) -> None:
+        """Worker thread. The key's snapshot for GET /v1/params: this daemon's learner, merged
+        with the fleet's rows when there are any (module docstring)."""
+        learner = self.learners[key]
+        estimates, batch_costs = self.fleet.get(key, ([], []))
+        if estimates or batch_costs:
+            merged = Learner(k_max=learner.k_max).restore(
+                fleet_estimates([learner.by_workload(), *estimates]))
+            batch = fleet_batch_cost([learner.batch.state(), *batch_costs])
+            if batch:
+                merged.batch.restore(batch)
+            learner = merged
+        self.snapshots[key] = learner.snapshot()
 
     def params(self, model_pair: str, hardware: str, workload: str | None) -> dict:
         """Event loop. The parameters for one (pair, hardware, workload) and what is learnt."""
