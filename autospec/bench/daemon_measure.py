@@ -3,6 +3,8 @@
     python -m autospec.bench.daemon_measure ingest   # step records/s sustained, params latency p50/p99
     python -m autospec.bench.daemon_measure faults   # kill -9 mid-ingest: sent/acknowledged/stored/lost
     python -m autospec.bench.daemon_measure serve    # serve+daemon vs the engine alone, tokens/s
+    python -m autospec.bench.daemon_measure serve-load --clients 16   # batched serve vs the
+                                                     # batched engine at the same concurrency
 
 Each starts its own daemon (and server) in a temp dir, on a Unix socket, with a fresh SQLite
 file. Run on a quiet machine: these are timings.
@@ -162,9 +164,82 @@ def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
             "telemetry_acknowledged": health["daemon"]["acknowledged_records"]}
 
 
+def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain") -> dict:
+    """`autospec serve --max-batch N` under N closed-loop HTTP clients over the reference
+    workload, against the batched engine in this process over the same jobs (`BatchEngine.run`
+    with N rows): throughput of each (output tokens / wall), every served output against batch-1
+    plain decoding of its prompt, and the telemetry the daemon acknowledged. Run alternately:
+    engine, serve, engine — the engine figure is the mean of its two runs."""
+    import threading
+    import urllib.request
+
+    import autospec
+    from autospec.bench.harness import load_prompts, prompt_ids
+    from autospec.controller.factory import make_controller
+    from autospec.engine.batch import BatchEngine, Job
+    from autospec.method import parse_method
+    from autospec.models.pairs import PAIRS
+    engine = autospec.load()
+    rows = load_prompts(PAIRS["reference"].workload("bench"))
+    ids = [prompt_ids(engine, p) for p in rows]
+    plain = [engine.generate(i, drafter=None, max_new_tokens=max_tokens) for i in ids]
+    batched = BatchEngine(engine.models, clients, max_len=max(map(len, ids)) + max_tokens + 1)
+
+    def engine_run() -> float:
+        controller = make_controller(parse_method(method), engine.models.available_drafters())
+        t0 = time.perf_counter()
+        out = batched.run([Job(i, max_tokens) for i in ids], controller, max_batch=clients)
+        return sum(len(g.token_ids) for g in out) / (time.perf_counter() - t0)
+
+    first = engine_run()
+    proc, sock = start_daemon(tmp)
+    serve = spawn(["serve", "--port", "0", "--daemon", f"unix:{sock}", "--log-level", "warning",
+                   "--max-batch", str(clients)], tmp / "serve.log", timeout=300)
+    outputs: dict[int, dict] = {}
+    queue = list(range(len(ids)))
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                i = queue.pop(0)
+            body = json.dumps({"prompt": rows[i].prompt, "max_tokens": max_tokens, "temperature": 0,
+                               "autospec": {"method": method}}).encode()
+            request = urllib.request.Request(f"{serve.url}/v1/completions", body,
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=600) as reply:
+                outputs[i] = json.loads(reply.read())
+    try:
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        time.sleep(3)  # the server's telemetry flush
+        health = json.loads(urllib.request.urlopen(f"{serve.url}/healthz").read())
+    finally:
+        serve.stop(30)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    second = engine_run()
+    served = sum(o["usage"]["completion_tokens"] for o in outputs.values()) / wall
+    engine_rate = (first + second) / 2
+    return {"clients": clients, "method": method, "requests": len(ids),
+            "serve_tokens_per_s": round(served, 2), "engine_tokens_per_s": round(engine_rate, 2),
+            "serve_over_engine": round(served / engine_rate, 4),
+            "identical_to_plain": sum(outputs[i]["choices"][0]["text"] == plain[i].text
+                                      for i in range(len(ids))),
+            "telemetry_acknowledged": health["daemon"]["acknowledged_records"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("what", choices=["ingest", "faults", "serve"])
+    parser.add_argument("what", choices=["ingest", "faults", "serve", "serve-load"])
+    parser.add_argument("--method", default="plain", help="serve-load: the method of every request")
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--records", type=int, default=32)
     parser.add_argument("--steps", type=int, default=100)
@@ -184,8 +259,10 @@ def main() -> None:
                 proc.wait(60)
         elif args.what == "faults":
             result = asyncio.run(faults(tmp, kill_after=30))
-        else:
+        elif args.what == "serve":
             result = serve_overhead(tmp, args.prompts, args.max_tokens)
+        else:
+            result = serve_load(tmp, args.clients, args.max_tokens, args.method)
     print(json.dumps(result, indent=2))
 
 
