@@ -7,9 +7,7 @@ parallel writers on one SQLite file: for a fleet, point every process at Postgre
 """
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterable, Iterator
 
 from sqlalchemy import create_engine, event
@@ -17,23 +15,14 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
+from autospec.paths import STORE_FILENAME, data_dir, store_url
 from autospec.store import migrations, queries
 from autospec.store.errors import StoreError
 from autospec.telemetry import RequestRecord
 
-DB_FILENAME = "autospec.db"
-
-
-def data_dir() -> Path:
-    """$AUTOSPEC_DATA, else $XDG_DATA_HOME/autospec, else ~/.local/share/autospec."""
-    root = os.environ.get("AUTOSPEC_DATA") or os.path.join(
-        os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share"), "autospec")
-    return Path(root).expanduser().absolute()
-
-
-def default_url() -> str:
-    return f"sqlite:///{data_dir() / DB_FILENAME}"
-
+# Where the default store lives is autospec.paths' to say; these names stay for importers.
+DB_FILENAME = STORE_FILENAME
+default_url = store_url
 
 def _sqlite_settings(engine: Engine, busy_timeout_s: float) -> None:
     @event.listens_for(engine, "connect")

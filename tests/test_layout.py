@@ -1,6 +1,7 @@
 """The package's rooms: no folder-level import cycle beyond the one still open (engine, drafters
 and models share primitives: sampling, KV plumbing, weight sizes); none may be added."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,13 @@ def test_the_controller_room_is_the_fast_path_only():
 
 def graph_of(room: str) -> set[str]:
     return room_graph().get(room, set())
+
+
+def test_per_user_locations_are_declared_only_in_paths():
+    """autospec/paths.py owns every per-user location: elsewhere no `~`, no home directory."""
+    pattern = re.compile(r"expanduser|Path\.home\(|~/")
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for folder in ("autospec", "store", "kernels") for path in (ROOT / folder).rglob("*.py")
+             if path != ROOT / "autospec" / "paths.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, "use autospec.paths instead:\n" + "\n".join(found)

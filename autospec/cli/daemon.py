@@ -7,8 +7,8 @@ import click
 
 
 def default_listen() -> str:
-    from autospec.store import data_dir
-    return f"unix:{data_dir() / 'daemon.sock'}"
+    from autospec.paths import daemon_socket
+    return f"unix:{daemon_socket()}"
 
 
 @click.command()

@@ -56,8 +56,9 @@ def tune(study_name, show_name, storage, n_trials, timeout, trace_paths, workloa
     autospec tune --show mixed
     optuna-dashboard sqlite:///$AUTOSPEC_DATA/autospec.db         # the default storage
 
-    The default storage is the autospec store's SQLite file (autospec.db in $AUTOSPEC_DATA,
-    else ~/.local/share/autospec); Optuna's tables sit beside the store's autospec_ ones.
+    The default storage is the autospec store's SQLite file (autospec.db in the data dir,
+    $AUTOSPEC_DATA; autospec/paths.py names the fallbacks); Optuna's tables sit beside the
+    store's autospec_ ones.
     """
     import optuna
 

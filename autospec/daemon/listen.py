@@ -9,6 +9,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from autospec.paths import user_path
+
 
 @dataclass(frozen=True)
 class Listen:
@@ -33,7 +35,7 @@ def parse_listen(text: str) -> Listen:
         path = text[len("unix:"):]
         if not path:
             raise ValueError("listen address 'unix:' needs a path, e.g. unix:/tmp/autospec.sock")
-        return Listen(unix_path=Path(path).expanduser().absolute())
+        return Listen(unix_path=user_path(path).absolute())
     host, _, port = text.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     try:

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from autospec.paths import cache_dir
+from autospec.paths import peak_bandwidth_file
 
 COPY_BYTES = 256 * 2 ** 20
 
@@ -29,7 +29,7 @@ def peak_bandwidth_gbs(device: str = "cpu") -> float:
 
 def _cpu_copy_benchmark() -> float:
     key = f"{platform.node()}|{platform.processor() or platform.machine()}|{torch.get_num_threads()}"
-    path = cache_dir() / "peak_bandwidth.json"
+    path = peak_bandwidth_file()
     try:
         cached = json.loads(path.read_text())
         if key in cached:

@@ -22,11 +22,11 @@ from autospec.models import evaluate
 from autospec.models.presets import Preset, get_preset
 from autospec.models.tokenizer import train_tokenizer
 from autospec.models.train import make_model, train
-from autospec.paths import REFERENCE_DIR, cache_dir
+from autospec.paths import REFERENCE_DIR, build_dir, model_dir
 
 
 def default_out_dir(preset: str) -> Path:
-    return REFERENCE_DIR if preset == "reference" else cache_dir() / "models" / preset
+    return REFERENCE_DIR if preset == "reference" else model_dir(preset)
 
 
 def work_dir_for(preset: Preset, files: list[corpus_mod.SourceFile]) -> Path:
@@ -34,7 +34,7 @@ def work_dir_for(preset: Preset, files: list[corpus_mod.SourceFile]) -> Path:
     its own recipe (`stage_checkpoint`), so a preset that gains a stage reuses the others."""
     key = [preset.name, preset.vocab_size, preset.tokenizer_files, preset.max_corpus_files]
     digest = hashlib.sha1(json.dumps(key + [f.relpath for f in files]).encode()).hexdigest()[:12]
-    return cache_dir() / "build" / f"{preset.name}-{digest}"
+    return build_dir(f"{preset.name}-{digest}")
 
 
 def stage_checkpoint(work: Path, role: str, preset: Preset, recipes: list) -> Path:

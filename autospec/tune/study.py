@@ -1,7 +1,7 @@
 """The Optuna study: storage, the sweep loop, provenance, and what `--show` prints.
 
 Plain Optuna RDB storage (optuna-dashboard reads it): by default the store's own SQLite file
-(`autospec.store.default_url()`; Optuna's tables sit beside the `autospec_` ones), any
+(`autospec.paths.store_url()`; Optuna's tables sit beside the `autospec_` ones), any
 SQLAlchemy URL otherwise — PostgreSQL for many machines on one study.
 
 Counting. `--trials N` is N finished trials (complete or pruned) in the study, whoever ran them
@@ -69,9 +69,9 @@ def storage_url(url: str | None) -> str:
             if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg"):
                 return "postgresql+psycopg://" + url[len("postgresql://"):]
         return url
-    from autospec.store import data_dir, default_url
+    from autospec.paths import data_dir, store_url
     data_dir().mkdir(parents=True, exist_ok=True)
-    return default_url()
+    return store_url()
 
 
 def make_storage(url: str, heartbeat: int = 10) -> optuna.storages.RDBStorage:
