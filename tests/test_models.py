@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from autospec.models.pair import load_pair
 from autospec.paths import REFERENCE_DIR
 
 
@@ -132,3 +133,12 @@ def test_distillation_term_is_the_kl_to_the_teacher():
     assert float(same) == pytest.approx(0.0, abs=1e-5)
     assert float(differs) > 1e-4
     assert float(ce) == pytest.approx(final)  # no distill weight: plain CE, teacher unused
+
+
+def test_loading_the_reference_pair_draws_no_progress_bar(capfd):
+    """transformers 5's "Loading weights" bar would precede every `autospec generate`."""
+    from transformers.utils import logging as hf_logging
+    load_pair()
+    err = capfd.readouterr().err
+    assert "Loading" not in err and "it/s]" not in err, err
+    assert hf_logging.is_progress_bar_enabled()  # the switch is put back for everyone else

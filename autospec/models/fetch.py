@@ -269,6 +269,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, quiet: bool = False,
     from tqdm.auto import tqdm
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from autospec.models.pair import quiet_loading
+
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     meta = read_gguf_metadata(gguf_path)
     where, name = str(gguf_path.parent), gguf_path.name
@@ -278,8 +280,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, quiet: bool = False,
         bar.set_postfix_str("load")
         try:
             tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-            gguf_model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name,
-                                                              dtype=torch.float32)
+            with quiet_loading():  # our own bar above says which stage this is
+                gguf_model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name,
+                                                                  dtype=torch.float32)
         except FetchError:
             raise
         except Exception as exc:  # transformers raises many kinds on a file it cannot map

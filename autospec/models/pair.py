@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import copy
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -130,12 +132,28 @@ def early_exit_view(target: nn.Module, layer: int) -> nn.Module:
     return view.eval()
 
 
+@contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers 5 draws a "Loading weights" tqdm bar for every model it loads: two per
+    `autospec generate`, one per serve or bench start, none of them news. Only the bars go
+    (their switch is process-wide, so it is restored after); transformers' warnings stay."""
+    from transformers.utils import logging as hf_logging
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _load_model(path: str, dtype: torch.dtype, role: str) -> nn.Module:
     from transformers import AutoModelForCausalLM
     if not (Path(path).is_dir() or _looks_like_hub_id(path)):
         raise ModelLoadError(f"{role} model path '{path}' does not exist")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        with quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load {role} model '{path}': {exc}") from None
     return model.eval()
