@@ -199,19 +199,29 @@ def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain") 
     queue = list(range(len(ids)))
     lock = threading.Lock()
 
+    def complete(i: int, tokens: int) -> dict:
+        body = json.dumps({"prompt": rows[i].prompt, "max_tokens": tokens, "temperature": 0,
+                           "autospec": {"method": method}}).encode()
+        request = urllib.request.Request(f"{serve.url}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as reply:
+            return json.loads(reply.read())
+
     def client() -> None:
         while True:
             with lock:
                 if not queue:
                     return
                 i = queue.pop(0)
-            body = json.dumps({"prompt": rows[i].prompt, "max_tokens": max_tokens, "temperature": 0,
-                               "autospec": {"method": method}}).encode()
-            request = urllib.request.Request(f"{serve.url}/v1/completions", body,
-                                             {"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=600) as reply:
-                outputs[i] = json.loads(reply.read())
+            outputs[i] = complete(i, max_tokens)
     try:
+        # the server's first forwards pay one-off costs (the row cache, kernel selection) that
+        # the engine's runs above have paid already: a warm-up round first, as bench does
+        warm = [threading.Thread(target=complete, args=(i, 8)) for i in range(clients)]
+        for t in warm:
+            t.start()
+        for t in warm:
+            t.join()
         threads = [threading.Thread(target=client) for _ in range(clients)]
         t0 = time.perf_counter()
         for t in threads:
