@@ -4,6 +4,17 @@
     out = autospec.generate("def add(a, b):", drafter="ngram", k=4)
     out.text, out.telemetry.mean_accepted_length
     autospec.generate([{"role": "user", "content": "Hi!"}], pair="smollm2")  # a chat
+
+Layers, each importing only those before it (tests/test_layout.py checks it, statically and
+by importing each layer with the ones above it blocked):
+
+    models <- drafters <- engine <- controller <- policy, daemon, serve, bench, tune <- cli
+
+models/ is the networks: loading a pair, KV-cache plumbing (kv.py) and logits to a sampling
+distribution (sampling.py), which drafters and the engine both use, so they live at the bottom.
+drafters/ holds the contract, the registry and `agreeing_prefix` (a draft against the target's
+tokens). One exception, lazy and named in the test: ModelPair.available_drafters asks the
+drafter registry. paths, telemetry, configcheck and kernels/ sit below them all.
 """
 from __future__ import annotations
 

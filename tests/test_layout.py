@@ -1,5 +1,5 @@
-"""The package's rooms: no folder-level import cycle beyond the one still open (engine, drafters
-and models share primitives: sampling, KV plumbing, weight sizes); none may be added."""
+"""The package's rooms: no folder-level import cycle, and the layers below the engine import
+nothing above them (autospec/__init__.py draws the order)."""
 import ast
 import re
 from pathlib import Path
@@ -7,20 +7,32 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KNOWN_CYCLES = [{"drafters", "engine", "models"}]  # to be split, not to grow
+LAYERS = ["models", "drafters", "engine"]  # each imports only those before it
+# Function-level imports against the layer order, each with its reason; none may be added.
+LAZY_UPWARD = {("models", "drafters"): "ModelPair.available_drafters asks the drafter registry "
+                                       "which drafters need a draft model"}
 
 
-def room_graph() -> dict[str, set[str]]:
-    """room -> rooms it imports (module- or function-level `import autospec.X...`). A room is a
-    folder of autospec/ or a top-level module; cli/ (the top) and training/ are left out, and
-    deprecated shims import lazily (importlib), so they add no edge."""
+def module_level(tree: ast.AST):
+    """The nodes that run on import: all but function bodies."""
+    for child in ast.iter_child_nodes(tree):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield child
+            yield from module_level(child)
+
+
+def room_graph(lazy: bool = True) -> dict[str, set[str]]:
+    """room -> rooms it imports (module-level `import autospec.X...`, and function-level ones
+    too when `lazy`). A room is a folder of autospec/ or a top-level module; cli/ (the top) and
+    training/ are left out, and deprecated shims import lazily (importlib), so they add no edge."""
     edges: dict[str, set[str]] = {}
     for path in (ROOT / "autospec").rglob("*.py"):
         parts = path.relative_to(ROOT / "autospec").with_suffix("").parts
         room = parts[0]
         if room in ("cli", "training", "__init__", "__main__"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in (ast.walk(tree) if lazy else module_level(tree)):
             names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             for name in names:
@@ -50,8 +62,46 @@ def cycles(edges: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def test_no_new_folder_level_import_cycle():
-    assert cycles(room_graph()) == KNOWN_CYCLES
+def test_no_folder_level_import_cycle():
+    assert cycles(room_graph(lazy=False)) == []
+    lazy = room_graph()
+    for low, high in LAZY_UPWARD:
+        lazy[low].discard(high)
+    assert cycles(lazy) == []
+
+
+def test_the_lower_layers_import_only_layers_below_them():
+    for i, layer in enumerate(LAYERS):
+        upward = {(layer, above) for above in graph_of(layer) & set(LAYERS[i + 1:])}
+        assert upward <= set(LAZY_UPWARD), f"{layer} imports a layer above it: {upward}"
+        assert not graph_of(layer, lazy=False) & set(LAYERS[i + 1:])
+
+
+BLOCKED_IMPORT = """
+import importlib, pkgutil, sys
+layer, blocked = sys.argv[1], sys.argv[2:]
+
+class Above:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in blocked):
+            raise ImportError(f"{name} is above autospec.{layer}")
+
+sys.meta_path.insert(0, Above())
+package = importlib.import_module(f"autospec.{layer}")
+for module in pkgutil.iter_modules(package.__path__):
+    importlib.import_module(f"autospec.{layer}.{module.name}")
+"""
+
+
+@pytest.mark.parametrize("layer", LAYERS[:-1])
+def test_a_lower_layer_imports_with_the_layers_above_it_blocked(layer):
+    """The static check above, for real: every module of the layer, in a fresh interpreter."""
+    import subprocess
+    import sys
+    above = [f"autospec.{name}" for name in LAYERS[LAYERS.index(layer) + 1:]]
+    run = subprocess.run([sys.executable, "-c", BLOCKED_IMPORT, layer, *above],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("module", ["controller.learned", "controller.trace", "controller.policies",
@@ -69,8 +119,8 @@ def test_the_controller_room_is_the_fast_path_only():
     assert not graph_of("controller") & {"store", "daemon", "bench", "serve", "tune"}
 
 
-def graph_of(room: str) -> set[str]:
-    return room_graph().get(room, set())
+def graph_of(room: str, lazy: bool = True) -> set[str]:
+    return room_graph(lazy).get(room, set())
 
 
 def test_per_user_locations_are_declared_only_in_paths():

@@ -13,10 +13,29 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from typing import Sequence
 
+import numpy as np
 import torch
 
-from autospec.engine.sampling import SamplingParams
+from autospec.models.sampling import SamplingParams
+
+
+def agreeing_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences — how many drafted tokens
+    the target's own tokens confirm. The one definition: greedy acceptance, the controller's
+    n-gram counterfactual, trace recording, a drafter's cache against the context."""
+    n = min(len(a), len(b))
+    a, b = a[:n], b[:n]
+    if a == b:  # the usual case for a cache, one C-level compare
+        return n
+    if n <= 64:  # a draft: a Python loop beats building arrays
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return i
+        return n  # equal elements in sequences of different types (a tuple and a list)
+    diff = np.flatnonzero(np.asarray(a) != np.asarray(b))
+    return int(diff[0]) if len(diff) else n
 
 
 @dataclass

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from autospec.drafters.base import Draft, DraftContext, Drafter, register
-from autospec.engine.accept import agreeing_prefix
-from autospec.engine.kv import cache_kwarg, cached_forward, new_cache, rollback
-from autospec.engine.sampling import probs_from_logits, sample
+from autospec.drafters.base import Draft, DraftContext, Drafter, agreeing_prefix, register
+from autospec.models.kv import cache_kwarg, cached_forward, new_cache, rollback
 from autospec.models.pair import kv_bytes_per_token, weight_bytes
+from autospec.models.sampling import probs_from_logits, sample
 
 
 class CachedLMDrafter(Drafter):

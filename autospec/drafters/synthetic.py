@@ -12,7 +12,7 @@ import torch
 
 from autospec.drafters.base import DraftContext, register
 from autospec.drafters.draft_model import CachedLMDrafter
-from autospec.engine.sampling import probs_from_logits, sample
+from autospec.models.sampling import probs_from_logits, sample
 
 
 @register("synthetic")

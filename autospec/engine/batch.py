@@ -35,10 +35,10 @@ from typing import Callable, Iterable, Sequence
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from autospec.engine.kv import cached_forward
 from autospec.engine.loop import Controller, Engine, Generation, Request, StaticController
-from autospec.engine.sampling import SamplingParams
+from autospec.models.kv import cached_forward
 from autospec.models.pair import ModelPair, kv_shape
+from autospec.models.sampling import SamplingParams
 
 DEFAULT_MAX_LEN = 2048  # per row, when the caller gives none (and the target allows it)
 

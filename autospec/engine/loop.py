@@ -21,9 +21,9 @@ import torch
 
 from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, create_drafter
 from autospec.engine.accept import fused_greedy_accept, greedy_accept, rejection_accept
-from autospec.engine.kv import cache_kwarg, cached_forward, new_cache, rollback
-from autospec.engine.sampling import SamplingParams, probs_from_logits
+from autospec.models.kv import cache_kwarg, cached_forward, new_cache, rollback
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
+from autospec.models.sampling import SamplingParams, probs_from_logits
 from autospec.telemetry import RequestRecord, StepRecord, summarise
 
 

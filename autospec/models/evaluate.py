@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autospec.engine.kv import cache_kwarg, cached_forward, new_cache
+from autospec.models.kv import cache_kwarg, cached_forward, new_cache
 from autospec.models.corpus import SourceFile
 
 COPY_TOKENS = 48
