@@ -61,6 +61,7 @@ def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     sys.stdout.write(text.add([], final=True) + "\n")
+    sys.stdout.flush()  # the text ends before the telemetry line on stderr starts
     t = out.telemetry
     if as_json:
         click.echo(json.dumps(t.to_dict(with_steps=False)), err=True)
