@@ -67,3 +67,18 @@ def test_the_controller_with_suffix_is_lossless(tiny_engine):
     for _ in range(3):  # later requests find the earlier outputs in the shared index
         out = tiny_engine.generate(PROMPT, controller=controller, max_new_tokens=48)
         assert out.token_ids == plain.token_ids
+
+
+def test_a_policy_listing_suffix_gets_it_in_bench_and_serve(reference_pair):
+    """The controller's `available` is every registered drafter the pair can run, not the
+    built-in default list: a policy that opts into suffix must be able to choose it."""
+    from pathlib import Path
+
+    from autospec.controller.factory import make_controller
+    from autospec.method import parse_method
+    policy = Path(__file__).resolve().parent.parent / "policies" / "suffix.yaml"
+    controller = make_controller(parse_method(f"adaptive:{policy}"),
+                                 reference_pair.runnable_drafters())
+    assert "suffix" in controller.drafters
+    assert "suffix" not in make_controller(parse_method("adaptive"),
+                                           reference_pair.runnable_drafters()).drafters

@@ -186,7 +186,7 @@ def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain") 
     batched = BatchEngine(engine.models, clients, max_len=max(map(len, ids)) + max_tokens + 1)
 
     def engine_run() -> float:
-        controller = make_controller(parse_method(method), engine.models.available_drafters())
+        controller = make_controller(parse_method(method), engine.models.runnable_drafters())
         t0 = time.perf_counter()
         out = batched.run([Job(i, max_tokens) for i in ids], controller, max_batch=clients)
         return sum(len(g.token_ids) for g in out) / (time.perf_counter() - t0)

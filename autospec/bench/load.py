@@ -92,7 +92,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
     jobs = [Job(ids, n, SamplingParams(temperature), seed, p.category)
             for ids, n, p in zip(encoded, limits, prompts)]
     max_len = max(len(ids) + n for ids, n in zip(encoded, limits))
-    available = engine.models.available_drafters()
+    available = engine.models.runnable_drafters()
     categories = sorted({p.category for p in prompts})
     out = {}
     for level in levels:

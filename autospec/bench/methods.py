@@ -36,7 +36,7 @@ Runner = Callable[[list[int], int, float, int, str], RunResult]
 
 def make_runner(method: Method, engine: Engine) -> Runner:
     if method.is_controller:
-        return _ours(engine, make_controller(method, engine.models.available_drafters()))
+        return _ours(engine, make_controller(method, engine.models.runnable_drafters()))
     models = engine.models
     k = method.k
     extra: dict = {}

@@ -58,6 +58,12 @@ class ModelPair:
         return tuple(d for d in (DEFAULT_DRAFTERS if candidates is None else candidates)
                      if self.draft is not None or not drafter_class(d).needs_draft_model)
 
+    def runnable_drafters(self) -> tuple[str, ...]:
+        """Every registered drafter this pair can run (a controller picks among the ones its
+        settings list: the suffix drafter, opt-in, among them)."""
+        from autospec.drafters.base import known_drafters
+        return self.available_drafters(tuple(known_drafters()))
+
     @property
     def max_positions(self) -> int:
         cfg = self.target.config

@@ -39,7 +39,6 @@ from aiohttp import web
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.factory import make_controller
 from autospec.daemon.service import stop_on_signals
-from autospec.drafters.base import known_drafters
 from autospec.drafters.suffix import SuffixOptions, export_handoffs, shared_index
 from autospec.engine.batch import BatchEngine
 from autospec.engine.loop import Engine, Generation
@@ -99,7 +98,7 @@ class Server:
         self.decode = DecodeLoop(self.batch, QUEUE_PER_ROW * max_batch if max_queue is None
                                  else max_queue)
         # every registered drafter the pair can run: a policy may list suffix or a plugin
-        self.available = engine.models.available_drafters(tuple(known_drafters()))
+        self.available = engine.models.runnable_drafters()
         self.params: dict | None = None  # the last GET /v1/params answer
         self.controllers: dict[str | None, AdaptiveController] = {}
         self.served = 0
