@@ -12,9 +12,12 @@ from autospec.engine.batch import BatchEngine, Job
 from autospec.telemetry import StepRecord
 
 
-def goodput(gains, token_s, base, ks):
-    tokens = len(ks) + sum(gains[i, :k].sum() for i, k in enumerate(ks))
-    return tokens / (base + sum(token_s[i] * k for i, k in enumerate(ks)))
+def goodput(gains, draft_s, a, b, c, ks):
+    """The batch's tokens per second when row i drafts ks[i] (rows padded to the longest)."""
+    rows = len(ks)
+    tokens = rows + sum(gains[i, :k].sum() for i, k in enumerate(ks))
+    seconds = a + b * rows + c * rows * (1 + max(ks)) + sum(draft_s[i] * k for i, k in enumerate(ks))
+    return tokens / seconds
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -23,21 +26,31 @@ def test_batch_ks_is_the_goodput_optimum(seed):
     rows, k_max = 3, 4
     alpha = rng.uniform(0.05, 0.98, (rows, k_max))
     gains = np.cumprod(alpha, axis=1)  # falls along each row
-    token_s = rng.uniform(0.01, 0.5, rows)
-    base = rng.uniform(0.5, 2.0)
-    best = max(goodput(gains, token_s, base, ks)
+    draft_s = rng.uniform(0.0, 0.3, rows) * (rng.random(rows) < 0.7)  # some look-ups: free
+    a, b, c = rng.uniform(0.2, 1.0), rng.uniform(0.01, 0.3), rng.uniform(0.005, 0.2)
+    best = max(goodput(gains, draft_s, a, b, c, ks)
                for ks in itertools.product(range(k_max + 1), repeat=rows))
-    assert goodput(gains, token_s, base, batch_ks(gains, token_s, base)) == pytest.approx(best)
+    chosen = batch_ks(gains, draft_s, a, b, c)
+    assert goodput(gains, draft_s, a, b, c, chosen) == pytest.approx(best)
 
 
 def test_the_same_acceptance_pays_at_batch_1_and_not_in_a_full_batch():
-    """The issue's case: acceptance flat, the forward memory-bound at one row (a drafted token
-    costs 2 % of a step) and compute-bound at 16 (a token costs as much as a row's share)."""
+    """The issue's case: acceptance flat, the forward memory-bound at one row (a position costs
+    2 % of a step) and compute-bound at 16 (a position costs as much as a row's plain share)."""
     gains = np.cumprod(np.full((16, 8), 0.6), axis=1)
-    one = batch_ks(gains[:1], np.array([0.02]), 1.0)
-    full = batch_ks(gains, np.full(16, 0.2), 0.2 * 16 + 1.0)
+    one = batch_ks(gains[:1], np.zeros(1), 0.98, 0.0, 0.02)
+    full = batch_ks(gains, np.zeros(16), 0.0, 0.0, 0.2)
     assert one[0] >= 4
     assert (full == 0).all()
+
+
+def test_one_long_draft_is_not_worth_everyone_s_padding():
+    """Rows pad to the longest: in a compute-bound batch one row with a long sure draft and
+    fifteen with nothing to draft is cheaper at K = 0 than with the whole batch padded."""
+    gains = np.zeros((16, 8))
+    gains[0] = 0.99 ** np.arange(1, 9)
+    assert (batch_ks(gains, np.zeros(16), 0.0, 0.0, 0.2) == 0).all()
+    assert batch_ks(gains[:1], np.zeros(1), 1.0, 0.0, 0.01)[0] == 8  # alone it drafts in full
 
 
 def test_batch_cost_recovers_the_plane():
@@ -46,7 +59,7 @@ def test_batch_cost_recovers_the_plane():
     for _ in range(50):
         rows = int(rng.integers(2, 17))
         tokens = rows * int(rng.integers(1, 6))
-        cost.observe(rows, tokens, 0.010 + 0.001 * rows + 0.0005 * tokens)
+        cost.observe(rows, tokens, 0.010 + 0.001 * rows + 0.0005 * tokens)  # tokens: padded
     a, b, c = cost.line((0.0115, 0.0005))  # the batch-1 line of the same plane
     assert (a, b, c) == pytest.approx((0.010, 0.001, 0.0005), rel=1e-6)
     assert BatchCost().line(None) is None  # nothing measured yet

@@ -1,22 +1,24 @@
 """K for every row of a batch at once, from what the batch's forward costs (issue 15).
 
 At batch 1 a verify forward is memory-bound: K more tokens cost little, and speculation pays
-from a low acceptance. In a full batch the forward is compute-bound: every drafted token of
-every row costs, and the same acceptance no longer pays (vLLM measured +23 % at batch 1 and
--16 % at batch 32 at a flat acceptance). So K is chosen for the batch's goodput — its tokens
-per second — not for each row alone:
+from a low acceptance. In a full batch the forward is compute-bound: drafted tokens cost,
+and the same acceptance no longer pays (vLLM measured +23 % at batch 1 and -16 % at batch 32
+at a flat acceptance). So K is chosen for the batch's goodput — its tokens per second — not
+for each row alone. The forward pads every row to the longest (engine/batch.py), so what it
+computes is B rows x W positions, W = 1 + the largest K of any row:
 
-    step seconds   s(B, T) = a + b B + c T        (T tokens in the forward, B rows; fitted
-                                                  online from the batch steps: BatchCost)
-    goodput        (B + sum_i E_i(K_i)) / (s(B, B + sum_i K_i) + sum_i d_i K_i)
+    step seconds   s(B, W) = a + b B + c B W      (fitted online from the batch steps:
+                                                  BatchCost, with P = B W the padded size)
+    goodput        (B + sum_i E_i(K_i)) / (s(B, 1 + max_i K_i) + sum_i d_i K_i)
 
 with E_i(K) = sum_{j<K} prod_{l<=j} alpha_il the expected accepted tokens of row i and d_i its
-drafter's seconds per drafted token. The gain of row i's (j+1)-th drafted token,
-prod_{l<=j} alpha_il, falls with j, and its cost c + d_i is the same for every j, so the best
-set of drafted tokens is a prefix per row: maximising a ratio, Dinkelbach's iteration — take
-every token whose gain beats R (c + d_i) at the current goodput R, recompute R, repeat — ends
-in a few rounds at the optimum, for all rows in one pass over a (B, K_max) array. K = 0 for
-every row when no drafted token pays (`batch_ks`).
+drafter's seconds per drafted token. One long draft makes every row's slot that long, so the
+choice is a width: for each W, every row drafts what pays within it — a prefix of its
+positions, since a token's gain prod_{l<=j} alpha_il falls with j while its price d_i does not:
+all W - 1 for a free look-up drafter, fewer where drafting costs — and the best W wins.
+Dinkelbach's iteration on the goodput R (a token is taken where its gain beats R d_i; R is
+recomputed) ends in a few rounds, over a (B, K_max + 1) table for every width at once
+(`batch_ks`). W = 1 (K = 0 for every row) when no draft pays for its padding.
 """
 from __future__ import annotations
 
@@ -25,32 +27,40 @@ import numpy as np
 MIN_BATCH_STEPS = 4.0  # (weighted) batch steps observed before the batch line is trusted
 
 
-def batch_ks(gains: np.ndarray, token_seconds: np.ndarray, base_seconds: float,
-             rounds: int = 8) -> np.ndarray:
+def batch_ks(gains: np.ndarray, draft_seconds: np.ndarray, a: float, b: float, c: float,
+             rounds: int = 6) -> np.ndarray:
     """K per row maximising the batch's goodput (see the module docstring).
 
     gains: (B, K_max) expected extra tokens of each row's (j+1)-th drafted token, falling in
-    j (0 where the row cannot draft that far); token_seconds: (B,) seconds a drafted token
-    of that row adds (the forward's per-token slope plus the drafter's per-token cost);
-    base_seconds: the step's seconds with no drafted token (a + b B + c B).
-    Returns (B,) ints."""
-    rows = gains.shape[0]
-    rate = rows / base_seconds
-    take = np.zeros_like(gains, dtype=bool)
+    j (0 where the row cannot draft that far); draft_seconds: (B,) seconds a drafted token of
+    that row costs its drafter; a, b, c: the step's cost s = a + b B + c B W. Returns (B,) ints."""
+    rows, k_max = gains.shape
+    widths = np.arange(k_max + 1)  # K* = W - 1, the longest draft allowed
+    cum = np.concatenate([np.zeros((rows, 1)), np.cumsum(gains, axis=1)], axis=1)  # E_i(k)
+    forward = a + b * rows + c * rows * (widths + 1)  # (K_max + 1,) seconds per width
+    rate = rows / forward[0]
+    best = np.zeros(rows, dtype=int)
     for _ in range(rounds):
-        # a prefix per row: gains fall along j, the price is the row's
-        new = np.cumprod(gains > rate * token_seconds[:, None], axis=1).astype(bool)
-        new_rate = (rows + gains[new].sum()) / (base_seconds + (new * token_seconds[:, None]).sum())
-        if np.array_equal(new, take):
+        # each row's free length: the prefix of its positions whose gain beats its price
+        free = np.cumprod(gains > rate * draft_seconds[:, None], axis=1).sum(axis=1)  # (B,)
+        ks = np.minimum(free[:, None], widths[None, :])  # (B, K_max + 1): K_i at each width
+        tokens = rows + np.take_along_axis(cum, ks, axis=1).sum(axis=0)
+        seconds = forward + (ks * draft_seconds[:, None]).sum(axis=0)
+        goodput = tokens / seconds
+        width = int(np.argmax(goodput))
+        new_rate = float(goodput[width])
+        best = ks[:, width]
+        if abs(new_rate - rate) <= 1e-9 * rate:
             break
-        take, rate = new, new_rate
-    return take.sum(axis=1)
+        rate = new_rate
+    return best
 
 
 class BatchCost:
-    """s(B, T) = a + b B + c T by discounted least squares over batch steps, ridge-anchored at
-    batch 1 on the single-row verify line (CostModel), which a batch-1 run measures anyway:
-    with every batch of one size, B and the constant could not be told apart otherwise."""
+    """s(B, P) = a + b B + c P (P = B W, the padded positions the forward computes) by
+    discounted least squares over batch steps, ridge-anchored at batch 1 on the single-row
+    verify line (CostModel), which a batch-1 run measures anyway: with every batch of one
+    size, B and the constant could not be told apart otherwise."""
 
     def __init__(self, forgetting: float = 0.98, anchor_weight: float = 4.0):
         self.forgetting = forgetting
@@ -59,9 +69,10 @@ class BatchCost:
         self._xty = np.zeros(3)
         self.observed = 0.0  # discounted batch steps
 
-    def observe(self, rows: int, tokens: int, seconds: float, weight: float = 1.0) -> None:
-        """One batch step (a row's record may report it with weight 1 / rows)."""
-        x = np.array([1.0, rows, tokens])
+    def observe(self, rows: int, positions: int, seconds: float, weight: float = 1.0) -> None:
+        """One batch step over `positions` = rows x width (a row's record may report it with
+        weight 1 / rows)."""
+        x = np.array([1.0, rows, positions])
         self._xtx = self._xtx * self.forgetting ** weight + weight * np.outer(x, x)
         self._xty = self._xty * self.forgetting ** weight + weight * seconds * x
         self.observed = self.observed * self.forgetting ** weight + weight
@@ -80,7 +91,7 @@ class BatchCost:
     def line(self, anchor: tuple[float, float] | None) -> tuple[float, float, float] | None:
         """(a, b, c), with batch 1 anchored to the single-row line v(K) = base + slope K
         (`anchor`, CostModel.line()); without one (a server that never ran a batch of one),
-        b = 0 and s = a + c T. None before MIN_BATCH_STEPS batch steps."""
+        b = 0 and s = a + c P. None before MIN_BATCH_STEPS batch steps."""
         if self.observed < MIN_BATCH_STEPS:
             return None
         xtx, xty = self._xtx.copy(), self._xty.copy()
@@ -90,7 +101,7 @@ class BatchCost:
             return float(a), 0.0, max(float(c), 0.0)
         base, slope = anchor
         w = self.anchor_weight
-        for k in (0.0, 8.0):  # v(0) and v(8) of the single-row line, at B = 1, T = K + 1
+        for k in (0.0, 8.0):  # v(0) and v(8) of the single-row line, at B = 1, P = K + 1
             x = np.array([1.0, 1.0, k + 1])
             xtx += w * np.outer(x, x)
             xty += w * (base + slope * k) * x

@@ -36,7 +36,7 @@ class Learner:
         self.discount = discount
         self.acceptance: dict[str, dict[str, AcceptanceEstimate]] = {}
         self.costs = CostModel(k_max)
-        self.batch = BatchCost()  # s(B, T) of batched steps (persisted as batch_costs)
+        self.batch = BatchCost()  # s(B, P) of batched steps (persisted as batch_costs)
         self.steps_seen = 0
 
     def _estimate(self, workload: str, drafter: str) -> AcceptanceEstimate:
@@ -56,7 +56,8 @@ class Learner:
         single = [s for s in steps if s.batch_size == 1]
         for s in steps:
             if s.batch_size > 1:
-                self.batch.observe(s.batch_size, s.batch_tokens, s.verify_seconds, 1 / s.batch_size)
+                self.batch.observe(s.batch_size, s.batch_size * s.batch_width, s.verify_seconds,
+                                   1 / s.batch_size)
         self.costs.observe_verify_many([s.verify_tokens for s in single],
                                        [s.verify_seconds for s in single])
         # an unlabelled request informs the pooled estimates only

@@ -252,9 +252,9 @@ class BatchEngine(Engine):
 
         # 5. record telemetry, tell the drafters
         verify_seconds = time.perf_counter() - t1
-        batch_tokens = sum(map(len, inputs))
+        batch_tokens, width = sum(map(len, inputs)), max(map(len, inputs))
         for rnd, n_accepted, tokens in zip(rounds, accepted, emitted):
-            self.observe(rnd, n_accepted, tokens, verify_seconds, len(rounds), batch_tokens)
+            self.observe(rnd, n_accepted, tokens, verify_seconds, len(rounds), batch_tokens, width)
         return emitted
 
     def _forward(self, slots: list[int], inputs: list[list[int]], last: int | None = None):

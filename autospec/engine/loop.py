@@ -230,7 +230,8 @@ class Engine:
         return rejection_accept(draft_tokens, draft_probs, target_probs, request.generator)
 
     def observe(self, rnd: "Round", accepted: int, emitted: list[int], verify_seconds: float,
-                batch_size: int = 1, batch_tokens: int | None = None) -> StepRecord:
+                batch_size: int = 1, batch_tokens: int | None = None,
+                batch_width: int | None = None) -> StepRecord:
         """Step 5 for one request: its StepRecord, and the drafter told what was kept. In a
         batch the weights are read once for all rows: each row is charged its share."""
         request = rnd.request
@@ -243,7 +244,8 @@ class Engine:
             draft_seconds=rnd.draft_seconds, verify_seconds=verify_seconds,
             verify_tokens=verify_tokens, context_tokens=rnd.context, bytes_moved=moved,
             bandwidth_gbs=moved / (rnd.draft_seconds + verify_seconds) / 1e9,
-            batch_size=batch_size, batch_tokens=batch_tokens or verify_tokens)
+            batch_size=batch_size, batch_tokens=batch_tokens or verify_tokens,
+            batch_width=batch_width or verify_tokens)
         request.steps.append(record)
         if rnd.drafter:
             rnd.drafter.observe(Verified(len(rnd.draft_tokens), accepted, emitted))
