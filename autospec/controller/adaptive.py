@@ -100,6 +100,17 @@ class ControllerSettings:
     # the default decides in full every step; the knob stays for very short steps
     redecide_every: int = knob(1, "steps between full drafter decisions; in between only K is "
                                   "re-chosen for the drafter in use", "int", low=1, high=64)
+    # issue 14, "K for bursts": how long the suffix that matched is, is evidence too
+    match_regimes: bool = knob(False, "keep n-gram's acceptance per length of the matched "
+                                     "suffix (and hot / cold), not over all its steps",
+                               "bool")
+    # issue 14: on held-out prompts 20 % of steps went to draft-model / early-exit draws that
+    # the workload had long shown not to pay (a request's own posterior starts wide)
+    explore_pooled: float = knob(32.0, "observations of the workload's pooled evidence (at most) "
+                                       "added to a request's posterior for the drafter-choice "
+                                       "draws: a drafter the workload has shown not to pay is "
+                                       "rarely re-explored (0: the request's posterior alone)",
+                                 "float", low=0, high=1024)
     # 0 and 1 would be certainties: a Beta prior with that mean cannot be moved by evidence
     prior_means: Mapping[str, float] = knob(
         dict, f"acceptance mean per drafter before any evidence (unset: {DEFAULT_PRIOR_MEAN})",
@@ -147,6 +158,8 @@ class _RequestState:
     # drafts carry confidences: the suffix drafter); its estimates are kept per bucket
     bucket: dict[str, str] = field(default_factory=dict)
     lengths: dict[str, int] = field(default_factory=dict)  # look-up proposals' lengths at decide
+    # (2, D, k_max): the workload's pooled evidence the drafter-choice draws add (explore_pooled)
+    pooled: np.ndarray | None = None
     floor: RequestFloor | None = None  # the floor's fixed arms, replayed through this request
 
 
@@ -176,7 +189,7 @@ class AdaptiveController:
         # proposal is seen before deciding (Engine.peek), its length and confidence are evidence
         self.peeking = tuple(d for d in self.drafters
                              if d != "ngram" and drafter_class(d).peekable)
-        self.batch_cost = BatchCost()  # s(B, T) of a batched step (controller/batch.py)
+        self.batch_cost = BatchCost()  # s(B, P) of a batched step (controller/batch.py)
         self._rows = 1  # rows of the batch being decided (decide_batch)
 
     # -- state ---------------------------------------------------------------------------
@@ -212,7 +225,7 @@ class AdaptiveController:
                                                        s.discount)
                           for d in self.drafters for hot in (False, True)}
             state = self._requests[request.request_id] = _RequestState(
-                acceptance, ngram=NgramIndex(*s.ngram_n))
+                acceptance, ngram=NgramIndex(*s.ngram_n), pooled=self._pooled_evidence(prior))
         return state
 
     def warm_start(self, snapshot: dict, only_if_richer: bool = True) -> int:
@@ -252,8 +265,7 @@ class AdaptiveController:
         if "ngram" in names:
             # n-gram's proposal is known before deciding (dict look-ups): positions past its
             # length cannot be drafted, and with no match at all n-gram is no option this step
-            state.ngram.sync(request.tokens)
-            proposal = state.ngram.propose(self.settings.k_max)
+            proposal = self._lookup(state, request)
             state.proposal = (len(request.tokens), proposal)  # the counterfactual reuses it
         lengths = {} if proposal is None else {"ngram": len(proposal)}
         peek = getattr(request, "peek", None)
@@ -289,7 +301,12 @@ class AdaptiveController:
         a, b = ab[0::2], ab[1::2]
         means = a / (a + b)
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
-        draws = self.rng.beta(a, b) if self.settings.thompson else means
+        if not self.settings.thompson:
+            draws = means
+        elif state.pooled is None:
+            draws = self.rng.beta(a, b)
+        else:  # Thompson over the request's posterior and (some of) the workload's evidence
+            draws = self.rng.beta(a + state.pooled[0], b + state.pooled[1])
         for drafter, available in lengths.items():
             # positions past a look-up's proposal cannot be drafted (and with no proposal at
             # all that drafter is no option this step)
@@ -314,6 +331,29 @@ class AdaptiveController:
             k = max(k, self.settings.k_min)
         state.current = index
         return drafter, k
+
+    def _lookup(self, state: _RequestState, request) -> list[int]:
+        """n-gram's proposal now. Through the engine (`request.peek`) where the request's n-gram
+        drafter matches the same n-grams: its index then serves the controller too (the context
+        is indexed once, not twice) and the step reuses the look-up; else the controller's own
+        index (a replayed request has no drafters)."""
+        peek = getattr(request, "peek", None)
+        k_max = self.settings.k_max
+        if peek is not None:
+            draft = peek("ngram", k_max)
+            index = getattr(request.drafters.get("ngram"), "index", None)
+            if draft is not None and index is not None and \
+                    (index.n_min, index.n_max) == tuple(self.settings.ngram_n):
+                state.ngram = index
+            else:
+                request.peeked.pop("ngram", None)  # another n: the drafter's look-up is not ours
+        state.ngram.sync(request.tokens)  # nothing to add when the drafter's look-up synced it
+        proposal, matched = state.ngram.match(k_max)
+        if self.settings.match_regimes:
+            # the match length is evidence; with the hot regime (after a full accept) beside it
+            hot = self.settings.regimes and state.hot.get("ngram", False)
+            state.bucket["ngram"] = f"{'hot' if hot else 'cold'}-n{matched}"
+        return proposal
 
     def _keep(self, state: _RequestState, lengths: dict[str, int]) -> tuple[str | None, int]:
         """Between full decisions: the drafter in use, K re-chosen from its posterior means
@@ -341,6 +381,21 @@ class AdaptiveController:
     def floor_steps(self) -> int:
         """Steps on which the floor chose, over all workloads."""
         return sum(f.followed for f in self.floors.values())
+
+    def _pooled_evidence(self, prior: dict[str, AcceptanceEstimate]) -> np.ndarray | None:
+        """(2, D, k_max) accepted / rejected counts of the workload's pooled estimates, each
+        drafter's scaled to at most `explore_pooled` observations (at its best-seen position)."""
+        cap = self.settings.explore_pooled
+        if not cap:
+            return None
+        out = np.zeros((2, len(self.drafters), self.settings.k_max))
+        for i, drafter in enumerate(self.drafters):
+            estimate = prior[drafter]
+            seen = float(estimate.observations().max())
+            if seen > 0:
+                scale = min(1.0, cap / seen)
+                out[0, i], out[1, i] = estimate.ev_a * scale, estimate.ev_b * scale
+        return out
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
         """What to decide from: the estimate of the drafter's regime this step — its proposal's
@@ -381,7 +436,7 @@ class AdaptiveController:
     def decide_batch(self, requests) -> list[tuple[str | None, int]]:
         """(drafter, K) for every row of a batch (engine/batch.py asks this way): each row's
         drafter as `decide` chooses it, then every row's K together for the batch's goodput
-        under the batch cost s(B, T) (controller/batch.py) — K = 0 for all where speculation
+        under the batch cost s(B, W) of a forward padded to its longest row (controller/batch.py) — K = 0 for all where speculation
         no longer pays. Until the batch cost is measured, the rows' own K."""
         self._rows = len(requests)
         try:
@@ -391,19 +446,17 @@ class AdaptiveController:
         fitted = self.batch_cost.line(self.costs.line()) if len(requests) > 1 else None
         if fitted is None:
             return choices
-        a, b, c = fitted
         k_max = self.settings.k_max
         gains = np.zeros((len(requests), k_max))
-        token_s = np.full(len(requests), c)
+        draft_s = np.zeros(len(requests))
         for i, (request, (drafter, _)) in enumerate(zip(requests, choices)):
             if drafter is None:
                 continue
             state = self._requests[request.request_id]
             means = self._estimate(state, drafter).mean()[:state.lengths.get(drafter, k_max)]
             gains[i, :len(means)] = np.cumprod(means)
-            token_s[i] += self.costs.draft_seconds(drafter, self.hints[drafter])
-        rows = len(requests)
-        ks = batch_ks(gains, token_s, a + b * rows + c * rows)
+            draft_s[i] = self.costs.draft_seconds(drafter, self.hints[drafter])
+        ks = batch_ks(gains, draft_s, *fitted)
         return [(drafter, max(int(k), self.settings.k_min)) if drafter and k else (None, 0)
                 for (drafter, _), k in zip(choices, ks)]
 
@@ -411,7 +464,7 @@ class AdaptiveController:
         state = self._state(request)
         if record.batch_size > 1:
             # a batch's forward: every row reports it, each with 1 / rows of its weight
-            self.batch_cost.observe(record.batch_size, record.batch_tokens,
+            self.batch_cost.observe(record.batch_size, record.batch_size * record.batch_width,
                                     record.verify_seconds, 1.0 / record.batch_size)
         else:
             self.costs.observe_verify(record.verify_tokens, record.verify_seconds)
@@ -456,8 +509,8 @@ class AdaptiveController:
         verified = request.tokens[before:]
         at, proposal = state.proposal
         if at != before:  # not looked up at decide (the engine's first step): look it up now
-            state.ngram.sync(request.tokens[:before])  # O(new tokens): the index only grows
-            proposal = state.ngram.propose(self.settings.k_max)
+            state.ngram.sync(request.tokens)  # O(new tokens); it answers for the prefix too
+            proposal = state.ngram.propose(self.settings.k_max, at=before)
         if not proposal:
             return None  # nothing to draft: the decision rules n-gram out of such steps
         matched = agreeing_prefix(proposal, verified)

@@ -70,6 +70,12 @@ class NgramIndex:
 
     def propose(self, k: int, at: int | None = None) -> list[int]:
         """Same answer as ngram_match(tokens[:at], n_min, n_max, k) (at: default all)."""
+        return self.match(k, at)[0]
+
+    def match(self, k: int, at: int | None = None) -> tuple[list[int], int]:
+        """(propose(k, at), n): n the length of the suffix that matched (0: none) — a
+        proposal after a 4-token match is likelier right than one after a 1-token match, so
+        the controller keeps n-gram's acceptance per n."""
         tokens = self.tokens
         length = len(tokens) if at is None else at
         for n in range(min(self.n_max, length - 1), self.n_min - 1, -1):
@@ -80,8 +86,8 @@ class NgramIndex:
             i = len(ends) - 1 if ends[-1] < length else bisect_left(ends, length) - 1
             if i >= 0:
                 end = ends[i]
-                return tokens[end:min(end + k, length)]
-        return []
+                return tokens[end:min(end + k, length)], n
+        return [], 0
 
 
 @register("ngram")
