@@ -158,6 +158,8 @@ class _RequestState:
     # drafts carry confidences: the suffix drafter); its estimates are kept per bucket
     bucket: dict[str, str] = field(default_factory=dict)
     lengths: dict[str, int] = field(default_factory=dict)  # look-up proposals' lengths at decide
+    looked: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # peeked drafter ->
+    # (context length, its proposal) at decide, scored counterfactually when another ran
     # (2, D, k_max): the workload's pooled evidence the drafter-choice draws add (explore_pooled)
     pooled: np.ndarray | None = None
     floor: RequestFloor | None = None  # the floor's fixed arms, replayed through this request
@@ -275,6 +277,7 @@ class AdaptiveController:
                 if draft is not None:
                     lengths[drafter] = len(draft.tokens)
                     state.bucket[drafter] = confidence_bucket(draft)
+                    state.looked[drafter] = (len(request.tokens), draft.tokens)
         state.lengths = lengths
         if self.use_floor and self._rows == 1:  # the floor's arms are priced at batch 1
             if state.floor is None:
@@ -486,6 +489,15 @@ class AdaptiveController:
             if scored is not None:
                 self._observe(state, "ngram", *scored)
                 self._pool(request.workload, "ngram", *scored)
+        if self.settings.counterfactual:
+            # the other look-up drafters' proposals were seen at decide: score them the same way
+            before = len(request.tokens) - record.emitted
+            for drafter, (at, proposal) in state.looked.items():
+                if drafter != record.drafter and at == before and proposal:
+                    scored = _score(proposal, request.tokens[before:])
+                    self._observe(state, drafter, *scored)
+                    self._pool(request.workload, drafter, *scored)
+            state.looked.clear()
         if self.use_floor and state.floor is not None and record.batch_size == 1:
             floor = self._floor(request.workload)
             floor.followed += state.floor.led
@@ -513,7 +525,14 @@ class AdaptiveController:
             proposal = state.ngram.propose(self.settings.k_max, at=before)
         if not proposal:
             return None  # nothing to draft: the decision rules n-gram out of such steps
-        matched = agreeing_prefix(proposal, verified)
-        if matched == len(verified):  # censored: everything we can check was right
-            return matched, matched
-        return len(proposal), matched
+        return _score(proposal, verified)
+
+
+def _score(proposal: list[int], verified: list[int]) -> tuple[int, int]:
+    """(proposed, accepted) a proposal would have scored against the tokens the target emitted.
+    Only those are known; a proposal longer than they are is censored there (positions past
+    it are left unobserved)."""
+    matched = agreeing_prefix(proposal, verified)
+    if matched == len(verified):  # censored: everything we can check was right
+        return matched, matched
+    return len(proposal), matched
