@@ -23,6 +23,8 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from autospec.engine.batch import BatchEngine
 from autospec.engine.loop import Controller, Request
 
@@ -110,6 +112,13 @@ class DecodeLoop:
 
     # -- the decode thread -----------------------------------------------------------------
     def _loop(self) -> None:
+        if self.engine.models.target.device.type == "cpu":
+            # torch's OpenMP regions issued from a thread other than the main one are slow in
+            # this build: measured on the 2-core machine, a 3-token verify forward 9-10 ms from
+            # this thread against 6 ms from the main one (a 1-token one 4.7 against 4.4),
+            # and 6.2 ms here with one intra-op thread. Skewed step times made drafting look
+            # dear to the controller (the demo chose plain decoding on 28-51 % of steps).
+            torch.set_num_threads(1)
         active: list[Row] = []
         while True:
             with self._wake:
