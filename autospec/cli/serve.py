@@ -47,13 +47,11 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
           buffer_limit, no_share, share_outputs, tenant_field, max_batch, max_queue, log_level):
     """OpenAI /v1/completions and /v1/chat/completions (with SSE streaming) on the engine and
     the online controller."""
-    import asyncio
-
     from autospec.serve.client import DaemonClient
     from autospec.daemon.listen import is_loopback
     from autospec.daemon.service import configure_logging
     from autospec.engine.bandwidth import hardware_key, peak_bandwidth_gbs
-    from autospec.serve.server import Server, run_serve
+    from autospec.serve.server import Server
 
     if not is_loopback(host):
         click.echo(f"warning: serving on {host}, reachable from the network, without "
@@ -77,9 +75,57 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
             raise click.BadParameter(str(exc), param_hint="--daemon") from None
     server = Server(engine, model_name or pair_name, client, params_interval,
                     tenant_field=tenant_field, share_outputs=share_outputs,
-                    max_batch=max_batch, max_queue=max_queue)
-    try:
-        code = asyncio.run(run_serve(server, host, port, announce=click.echo))
-    except OSError as exc:
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    raise SystemExit(code)
+                    max_batch=max_batch, max_queue=max_queue, decode_thread=False)
+    raise SystemExit(serve_on_main_thread(server, host, port))
+
+
+def serve_on_main_thread(server, host: str, port: int) -> int:
+    """The event loop (HTTP, the daemon client) on a thread, the decode loop on this one: torch's
+    OpenMP regions issued from any other thread are slow in this build (a 3-token verify 9-10 ms
+    against 6 ms here). Signals land on this thread; the first sets the loop's stop event (a
+    warm shutdown: the loop drains, then closes the decode loop, which returns), a second
+    exits at once."""
+    import asyncio
+    import os
+    import signal
+    import threading
+
+    from autospec.serve.server import log, run_serve
+    handle: dict = {}
+
+    def on_loop(loop, stop) -> None:
+        handle["loop"], handle["stop"] = loop, stop
+
+    def serve_http() -> None:
+        try:
+            handle["code"] = asyncio.run(run_serve(server, host, port, announce=click.echo,
+                                                   on_loop=on_loop))
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            handle["error"] = exc
+            server.decode.close()  # let run_here return
+
+    received = []
+
+    def on_signal(signum, _frame) -> None:
+        received.append(signum)
+        if len(received) > 1:
+            log.warning("second signal: exiting now", extra={"fields": {"signal": signum}})
+            os._exit(1)
+        log.info("signal: finishing in-flight work, then exiting", extra={"fields": {"signal": signum}})
+        if "loop" in handle:
+            handle["loop"].call_soon_threadsafe(handle["stop"].set)
+        else:
+            server.decode.close()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    http = threading.Thread(target=serve_http, name="autospec-http")
+    http.start()
+    server.decode.run_here()
+    http.join()
+    error = handle.get("error")
+    if isinstance(error, OSError):
+        raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror or error}")
+    if error is not None:
+        raise error
+    return handle.get("code", 0)

@@ -64,7 +64,10 @@ class Ticket:
 class DecodeLoop:
     """The decode thread owning `engine` (see the module docstring)."""
 
-    def __init__(self, engine: BatchEngine, max_queue: int):
+    def __init__(self, engine: BatchEngine, max_queue: int, own_thread: bool = True):
+        """own_thread: decode on a thread of its own (in-process use, tests); False: the
+        caller runs `run_here()` — `autospec serve` decodes on the main thread, where torch's
+        OpenMP regions run at full speed (see `_loop`)."""
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.engine, self.max_queue = engine, max_queue
@@ -73,8 +76,15 @@ class DecodeLoop:
         self._calls: deque[tuple[Callable, tuple, Future]] = deque()
         self._closing = False
         self._request_seconds = 1.0  # moving average of a request's wall time: Retry-After
-        self._thread = threading.Thread(target=self._loop, name="autospec-decode", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if own_thread:
+            self._thread = threading.Thread(target=self._loop, name="autospec-decode", daemon=True)
+            self._thread.start()
+
+    def run_here(self) -> None:
+        """Decode on the calling thread until `close()` (from another thread) and the queue
+        drains."""
+        self._loop()
 
     # -- any thread ------------------------------------------------------------------------
     def submit(self, start: Callable[[BatchEngine], Row]) -> Ticket:
@@ -108,16 +118,19 @@ class DecodeLoop:
         with self._wake:
             self._closing = True
             self._wake.notify()
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     # -- the decode thread -----------------------------------------------------------------
     def _loop(self) -> None:
-        if self.engine.models.target.device.type == "cpu":
+        if (self.engine.models.target.device.type == "cpu"
+                and threading.current_thread() is not threading.main_thread()):
             # torch's OpenMP regions issued from a thread other than the main one are slow in
             # this build: measured on the 2-core machine, a 3-token verify forward 9-10 ms from
-            # this thread against 6 ms from the main one (a 1-token one 4.7 against 4.4),
-            # and 6.2 ms here with one intra-op thread. Skewed step times made drafting look
-            # dear to the controller (the demo chose plain decoding on 28-51 % of steps).
+            # such a thread against 6 ms from the main one (a 1-token one 4.7 against 4.4),
+            # and 6.2 ms with one intra-op thread. Skewed step times made drafting look dear
+            # to the controller (the demo chose plain decoding on 28-51 % of steps). Off the
+            # main thread, then, one intra-op thread; `autospec serve` decodes on the main one.
             torch.set_num_threads(1)
         active: list[Row] = []
         while True:

@@ -76,7 +76,8 @@ class Server:
     def __init__(self, engine: Engine, model_name: str, daemon: DaemonClient | None = None,
                  params_interval: float = 5.0, max_tokens_limit: int | None = None,
                  tenant_field: str | None = None, share_outputs: bool = False,
-                 max_batch: int | None = None, max_queue: int | None = None):
+                 max_batch: int | None = None, max_queue: int | None = None,
+                 decode_thread: bool = True):
         if tenant_field not in (None, *openai.TENANT_FIELDS):
             raise ValueError(f"tenant field {tenant_field!r}: expected one of "
                              f"{', '.join(openai.TENANT_FIELDS)}")
@@ -95,8 +96,9 @@ class Server:
         max_batch = default_max_batch() if max_batch is None else max_batch
         self.batch = BatchEngine(engine.models, max_batch, drafter_options=engine.drafter_options)
         self.max_tokens_limit = max_tokens_limit or self.batch.max_positions
+        # decode_thread=False: the caller decodes (`self.decode.run_here()`, on the main thread)
         self.decode = DecodeLoop(self.batch, QUEUE_PER_ROW * max_batch if max_queue is None
-                                 else max_queue)
+                                 else max_queue, own_thread=decode_thread)
         # every registered drafter the pair can run: a policy may list suffix or a plugin
         self.available = engine.models.runnable_drafters()
         self.params: dict | None = None  # the last GET /v1/params answer
@@ -317,10 +319,15 @@ def _error(status: int, message: str, param: str | None = None,
 
 
 async def run_serve(server: Server, host: str, port: int, announce=print,
-                    drain_timeout: float = 5.0) -> int:
-    """Serve until SIGTERM/SIGINT (second signal: exit at once); flush telemetry at exit."""
+                    drain_timeout: float = 5.0, on_loop=None) -> int:
+    """Serve until SIGTERM/SIGINT (second signal: exit at once); flush telemetry at exit.
+    on_loop(loop, stop): for an event loop off the main thread, where signal handlers cannot
+    be installed — the caller's own handlers then set `stop` through the loop."""
     stop = asyncio.Event()
-    stop_on_signals(asyncio.get_running_loop(), stop, log)
+    if on_loop is None:
+        stop_on_signals(asyncio.get_running_loop(), stop, log)
+    else:
+        on_loop(asyncio.get_running_loop(), stop)
     tasks = []
     if server.daemon is not None:
         warm = await server.pull_params()
