@@ -79,7 +79,8 @@ def test_hash_ignores_form_and_provenance_but_not_values():
     ("schema_version: 1\ncontroller: {discount: 0}",
      "controller.discount: expected a number in (0, 1], got 0"),
     ("schema_version: 1\ncontroller: {discout: 0.9}",
-     "controller.discout: unknown field (did you mean 'discount'? accepted: cost_stale_steps, cost_warmup, counterfactual, "
+     "controller.discout: unknown field (did you mean 'discount'? accepted: confidence_buckets, "
+     "cost_stale_steps, cost_warmup, counterfactual, "
      "discount, explore_pooled, floor, floor_margin, hysteresis, match_regimes, ngram_n, "
      "prior_discount, prior_strength, redecide_every, regimes, thompson)"),
     ("schema_version: 1\nworkloads: {copy-heavy: {k_max: 100}}",

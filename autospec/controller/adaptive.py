@@ -100,6 +100,10 @@ class ControllerSettings:
     # the default decides in full every step; the knob stays for very short steps
     redecide_every: int = knob(1, "steps between full drafter decisions; in between only K is "
                                   "re-chosen for the drafter in use", "int", low=1, high=64)
+    # issue 16: the suffix drafter's counts as evidence (shown with and without in README)
+    confidence_buckets: bool = knob(True, "keep a look-up drafter's acceptance per confidence "
+                                          "bucket of its proposal (suffix: < 0.5, < 0.9, above)",
+                                    "bool")
     # issue 14, "K for bursts": how long the suffix that matched is, is evidence too
     match_regimes: bool = knob(False, "keep n-gram's acceptance per length of the matched "
                                      "suffix (and hot / cold), not over all its steps",
@@ -276,7 +280,8 @@ class AdaptiveController:
                 draft = peek(drafter, self.settings.k_max)
                 if draft is not None:
                     lengths[drafter] = len(draft.tokens)
-                    state.bucket[drafter] = confidence_bucket(draft)
+                    if self.settings.confidence_buckets:
+                        state.bucket[drafter] = confidence_bucket(draft)
                     state.looked[drafter] = (len(request.tokens), draft.tokens)
         state.lengths = lengths
         if self.use_floor and self._rows == 1:  # the floor's arms are priced at batch 1
