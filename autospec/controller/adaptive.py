@@ -347,17 +347,20 @@ class AdaptiveController:
         index (a replayed request has no drafters)."""
         peek = getattr(request, "peek", None)
         k_max = self.settings.k_max
+        proposal = None
         if peek is not None:
             draft = peek("ngram", k_max)
             index = getattr(request.drafters.get("ngram"), "index", None)
             if draft is not None and index is not None and \
                     (index.n_min, index.n_max) == tuple(self.settings.ngram_n):
-                state.ngram = index
+                state.ngram, proposal = index, draft.tokens  # synced and looked up already
             else:
                 request.peeked.pop("ngram", None)  # another n: the drafter's look-up is not ours
-        state.ngram.sync(request.tokens)  # nothing to add when the drafter's look-up synced it
-        proposal, matched = state.ngram.match(k_max)
+        if proposal is None:
+            state.ngram.sync(request.tokens)
+            proposal = state.ngram.propose(k_max)
         if self.settings.match_regimes:
+            matched = state.ngram.match(k_max)[1]  # the look-up again, only for this knob
             # the match length is evidence; with the hot regime (after a full accept) beside it
             hot = self.settings.regimes and state.hot.get("ngram", False)
             state.bucket["ngram"] = f"{'hot' if hot else 'cold'}-n{matched}"
