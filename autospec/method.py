@@ -15,6 +15,8 @@
     oracle, oracle-per-category  picked afterwards from a bench run's static methods
 
 `parse_method` turns the text into a frozen `Method`; everything after reads its fields.
+`is_adaptive` reads one thing from the text alone, opening no policy file: whether a method
+string (one stored in telemetry, say, from another machine) names the online controller.
 """
 from __future__ import annotations
 
@@ -63,6 +65,12 @@ class Method:
         return ()
 
 
+def is_adaptive(text: str) -> bool:
+    """Whether `text` names the online controller: `adaptive` or `adaptive:POLICY.yaml`. Every
+    other method fixes the drafter and K (plain, static:) or runs a baseline (ctl:, hf:)."""
+    return text.split(":", 1)[0] == "adaptive"
+
+
 def parse_method(text: str) -> Method:
     """A Method from its text; ValueError naming the method and what is accepted."""
     from autospec.drafters.base import known_drafters
@@ -71,11 +79,11 @@ def parse_method(text: str) -> Method:
     parts = text.split(":")
     if text == "plain":
         return Method(text, "plain")
-    if text == "adaptive":
-        return Method(text, "adaptive")
     if text in ORACLES:
         return Method(text, "oracle", baseline=text)
-    if parts[0] == "adaptive":
+    if text == "adaptive":
+        return Method(text, "adaptive")
+    if is_adaptive(text):
         from autospec.policy import PolicyError, load_policy
         path = text[len("adaptive:"):]
         try:

@@ -17,6 +17,9 @@ Definitions, fixed here once:
   = P(position j+1 accepted | positions 1..j accepted) (controller/estimates.py, the store).
 - `controller_seconds`: the controller's decide + update (named `policy_seconds` before; the
   old key is still read, for one release).
+- `method`: the method the request ran with, as `autospec.method.Method` prints it ("adaptive",
+  "plain", "static:ngram:4", "adaptive:policies/x.yaml", ...); None = not said (telemetry from
+  before the field, or a caller that embeds the engine with a controller of its own).
 """
 from __future__ import annotations
 
@@ -90,6 +93,7 @@ class RequestRecord:
     controller_seconds: float = 0.0
     workload: str | None = None
     finish_reason: str = "length"  # "length" | "stop"
+    method: str | None = None  # the request's method ("plain", "adaptive", ...); None: not said
     step_records: list[StepRecord] = field(default_factory=list)
 
     def to_dict(self, with_steps: bool = True) -> dict:
@@ -181,7 +185,8 @@ def acceptance_per_position(steps: list[StepRecord], per_slot: bool = False) -> 
 
 
 def summarise(request_id: str, prompt_tokens: int, steps: list[StepRecord], wall_seconds: float,
-              workload: str | None = None, finish_reason: str = "length") -> RequestRecord:
+              workload: str | None = None, finish_reason: str = "length",
+              method: str | None = None) -> RequestRecord:
     """Fold a request's step records into its RequestRecord."""
     output_tokens = sum(s.emitted for s in steps)
     proposed = sum(s.proposed for s in steps)
@@ -212,5 +217,6 @@ def summarise(request_id: str, prompt_tokens: int, steps: list[StepRecord], wall
         controller_seconds=sum(s.controller_seconds for s in steps),
         workload=workload,
         finish_reason=finish_reason,
+        method=method,
         step_records=steps,
     )

@@ -50,9 +50,18 @@ def _v3_to_v4(connection: Connection) -> None:
         connection.execute(text(f"DROP TABLE {old}"))
 
 
+def _v4_to_v5(connection: Connection) -> None:
+    """requests gain `method` (what each request ran with: plain, adaptive, ...), nullable:
+    the rows already there keep NULL, "not said"."""
+    column = schema.RequestRow.__table__.c.method
+    connection.execute(text(f"ALTER TABLE {column.table.name} ADD COLUMN {column.name} "
+                            f"{column.type.compile(connection.dialect)}"))
+
+
 # (from_version, upgrade): upgrade(connection) turns a store at from_version into one at
 # from_version + 1. Ordered.
-MIGRATIONS: list[tuple[int, Migration]] = [(1, _v1_to_v2), (2, _v2_to_v3), (3, _v3_to_v4)]
+MIGRATIONS: list[tuple[int, Migration]] = [(1, _v1_to_v2), (2, _v2_to_v3), (3, _v3_to_v4),
+                                           (4, _v4_to_v5)]
 
 
 def stored_version(connection: Connection) -> int | None:

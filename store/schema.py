@@ -20,8 +20,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from autospec.telemetry import POOLED, RequestRecord
 
-SCHEMA_VERSION = 4  # 2: estimates.conditional_acceptance, requests.controller_seconds;
-# 3: batch_costs; 4: estimates and batch_costs keyed by daemon instance too (a fleet)
+SCHEMA_VERSION = 5  # 2: estimates.conditional_acceptance, requests.controller_seconds;
+# 3: batch_costs; 4: estimates and batch_costs keyed by daemon instance too (a fleet);
+# 5: requests.method
 TABLE_PREFIX = "autospec_"
 ALL_WORKLOADS = POOLED  # the workload key of estimates pooled over every workload
 
@@ -79,6 +80,9 @@ class RequestRow(Base):
     controller_seconds: Mapped[float] = mapped_column(Float)
     workload: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
     finish_reason: Mapped[str] = mapped_column(String(32))
+    # "plain", "adaptive", "static:ngram:4", "adaptive:POLICY.yaml" (a path: as wide as one);
+    # NULL = not said (rows from before v5, clients that do not send it)
+    method: Mapped[str | None] = mapped_column(String(1024), nullable=True)
 
     step_aggregates: Mapped[list["StepAggregateRow"]] = relationship(
         back_populates="request", cascade="all, delete-orphan", passive_deletes=True)

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from autospec.controller.factory import make_controller
-from autospec.method import Method, parse_method, parse_methods
+from autospec.method import Method, is_adaptive, parse_method, parse_methods
 
 POLICY = Path(__file__).resolve().parents[1] / "policies" / "mixed.yaml"
 
@@ -40,6 +40,16 @@ def test_a_policy_file_is_read_once_when_parsed(monkeypatch):
     assert reads == [str(POLICY)]
     assert method.policy_path == str(POLICY) and controller.settings == method.settings
     assert controller.settings.k_max == 7
+
+
+def test_is_adaptive_agrees_with_the_parse_and_reads_no_policy_file():
+    """The report classifies stored methods by their text: a policy file named there may
+    live on another machine."""
+    for text in ("plain", "static:ngram:4", "adaptive", f"adaptive:{POLICY}", "ctl:ema",
+                 "ctl:batch-table:ngram:8=1/1=4", "hf:assisted", "oracle"):
+        assert is_adaptive(text) == (parse_method(text).kind == "adaptive"), text
+    assert is_adaptive("adaptive:/elsewhere/policy.yaml")  # not opened
+    assert not is_adaptive("adaptivex") and not is_adaptive("static:adaptive:4")
 
 
 @pytest.mark.parametrize("text, error", [

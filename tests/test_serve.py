@@ -8,8 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from processes import request, start, start_daemon, wait_for
+from sqlalchemy import select
 
 from autospec.store import open_store
+from autospec.store.schema import RequestRow
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 
@@ -78,6 +80,10 @@ def test_completions_streaming_and_not_reach_the_store(system):
     assert "".join(c["choices"][0]["text"] for c in chunks) == body["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]
     assert wait_for(lambda: stored(db) == 3)
+    with open_store(f"sqlite:///{db}") as store, store.session_scope(write=False) as session:
+        # the method each request ran with, through the daemon into the store
+        assert sorted(session.scalars(select(RequestRow.method))) == \
+            ["adaptive", "plain", "static:ngram:4"]
     _, metrics = request(daemon.url, "GET", "/metrics")
     assert 'autospec_requests_total{model_pair=' in metrics and 'workload="copy"} 1' in metrics
 

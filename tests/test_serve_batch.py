@@ -111,26 +111,33 @@ def test_8_concurrent_requests_batch_and_equal_plain(reference_pair, plain):
                        for i, p in enumerate(PROMPTS)]
             assert wait_for(lambda: server.decode.waiting == len(PROMPTS), timeout=60)
         replies = [r.result() for r in replies]
-    texts = []
-    for status, reply, _ in replies:
+    texts, asked = [], {}
+    for i, (status, reply, _) in enumerate(replies):
         assert status == 200, reply
         texts.append(reply["text"] if "events" in reply else reply["choices"][0]["text"])
+        last = reply["events"][-1] if "events" in reply else reply
+        asked[last["autospec"]["request_id"]] = METHODS[i % len(METHODS)]
     assert texts == plain  # lossless under batching, streamed or not
     assert len(telemetry.records) == len(PROMPTS)
+    # each record says the method its request ran with (the report keeps baselines apart)
+    assert {r.request_id: r.method for r in telemetry.records} == asked
     sizes = [s.batch_size for r in telemetry.records for s in r.step_records]
     assert max(sizes) == 4 and min(sizes) >= 1
     assert all(s.batch_tokens >= s.batch_size for r in telemetry.records for s in r.step_records)
     assert sorted(server.batch.cache.free) == [0, 1, 2, 3]  # every row given back
-    # what the daemon parses: these records, and the same without the batch fields (an
-    # older serving process's)
+    # what the daemon parses: these records, and the same without the batch fields and the
+    # method (an older serving process's)
     new = batch("new", telemetry.records)
     old = json.loads(json.dumps(new))
     for r in old["records"]:
+        del r["method"]
         for s in r["step_records"]:
             del s["batch_size"], s["batch_tokens"]
     parsed_new, parsed_old = parse_batch(json.dumps(new).encode())[3], parse_batch(json.dumps(old).encode())[3]
     assert max(s.batch_size for r in parsed_new for s in r.step_records) == 4
     assert {s.batch_size for r in parsed_old for s in r.step_records} == {1}
+    assert {r.request_id: r.method for r in parsed_new} == asked
+    assert {r.method for r in parsed_old} == {None}
 
 
 def test_a_full_queue_answers_429_and_loses_no_accepted_request(reference_pair):

@@ -122,6 +122,11 @@ def _set_version(url, version):
         session.get(SchemaVersionRow, 1).version = version
 
 
+def _drop_method(connection) -> None:
+    """requests as schema 4 and earlier made it: no `method` column."""
+    connection.execute(text("ALTER TABLE autospec_requests DROP COLUMN method"))
+
+
 def test_newer_schema_is_refused_with_both_versions(url):
     _set_version(url, schema.SCHEMA_VERSION + 1)
     with pytest.raises(StoreSchemaError) as err:
@@ -189,6 +194,7 @@ def test_a_version_1_store_migrates_to_the_two_acceptance_names(url):
             for table, old, new in (("estimates", "acceptance_per_position", "conditional_acceptance"),
                                     ("requests", "policy_seconds", "controller_seconds")):
                 connection.execute(text(f"ALTER TABLE autospec_{table} RENAME COLUMN {new} TO {old}"))
+            _drop_method(connection)
             connection.execute(text("UPDATE autospec_schema_version SET version = 1"))
     with open_store(url) as store:
         assert store.load_estimates("reference", "cpu")["copy"]["ngram"].conditional_acceptance \
@@ -204,6 +210,16 @@ def test_telemetry_reads_the_old_policy_seconds_key():
     raw["policy_seconds"] = raw.pop("controller_seconds")
     raw["step_records"][0]["policy_seconds"] = raw["step_records"][0].pop("controller_seconds")
     assert RequestRecord.from_dict(raw) == record("r1")
+
+
+def test_telemetry_method_round_trips_and_old_records_without_it_parse():
+    ran = dataclasses.replace(record("r1"), method="static:ngram:4")
+    assert RequestRecord.from_dict(ran.to_dict()) == ran
+    old = record("r1").to_dict()
+    del old["method"]  # a client from before the field
+    assert RequestRecord.from_dict(old).method is None
+    with pytest.raises(ValueError, match=r"RequestRecord.method: expected a string, got 4"):
+        RequestRecord.from_dict({**old, "method": 4})
 
 
 def test_read_only_store_raises_store_error_and_keeps_data(tmp_path, url):
@@ -255,6 +271,7 @@ def test_batch_cost_round_trip_and_a_v2_store_gains_the_table(url):
     # the store as schema version 2 left it: no batch_costs table
     with open_store(url) as store, store.session_scope() as session:
         session.execute(text("DROP TABLE autospec_batch_costs"))
+        _drop_method(session)
         session.get(SchemaVersionRow, 1).version = 2
     with open_store(url) as store:
         assert store.count_requests() == 1
@@ -283,6 +300,7 @@ def test_a_v3_store_keys_what_was_learnt_by_instance_and_keeps_its_rows(url):
                                  f"{', '.join(c + ' ' for c in columns[1:])}, UNIQUE ({key}))"))
             session.execute(text(f"INSERT INTO autospec_{table} SELECT * FROM old_{table}"))
             session.execute(text(f"DROP TABLE old_{table}"))
+        _drop_method(session)
         session.get(SchemaVersionRow, 1).version = 3
     with open_store(url) as store:
         assert store.load_estimates("reference", "cpu")["copy"]["ngram"] == \
@@ -297,4 +315,37 @@ def test_a_v3_store_keys_what_was_learnt_by_instance_and_keeps_its_rows(url):
         assert estimates[""]["copy"]["ngram"].conditional_acceptance == (0.7, 0.5)
         assert estimates["b"]["copy"]["ngram"].conditional_acceptance == (0.2,)
         with store.session_scope(write=False) as session:
-            assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION == 4
+            assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION
+
+
+def _rows_but_method(store) -> list[dict]:
+    with store.engine.connect() as connection:
+        rows = connection.execute(text("SELECT * FROM autospec_requests ORDER BY id"))
+        return [{c: v for c, v in row._mapping.items() if c != "method"} for row in rows]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_v4_store_gains_the_method_column_and_keeps_its_rows(backend, url, request):
+    """Schema 5 adds requests.method (nullable): a v4 store's rows keep every field, their
+    method NULL ("not said"); new rows keep theirs."""
+    if backend == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+    with open_store(url) as store:
+        store.ingest([record("r1"), record("r2", workload=None)], "b1", "reference", "cpu")
+        with store.engine.begin() as connection:  # back to what schema 4 wrote
+            _drop_method(connection)
+            connection.execute(text("UPDATE autospec_schema_version SET version = 4"))
+        before = _rows_but_method(store)
+    with open_store(url) as store:
+        with store.session_scope(write=False) as session:
+            assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION == 5
+            rows = session.scalars(select(RequestRow).order_by(RequestRow.id)).all()
+            assert [r.to_record() for r in rows] == [
+                dataclasses.replace(record(r.request_id, workload=r.workload), step_records=[])
+                for r in rows]
+            assert [r.method for r in rows] == [None, None]
+        assert _rows_but_method(store) == before  # every row, every column
+        store.ingest([dataclasses.replace(record("r3"), method="plain")], "b2", "reference", "cpu")
+        with store.session_scope(write=False) as session:
+            assert session.scalar(select(RequestRow.method)
+                                  .where(RequestRow.request_id == "r3")) == "plain"

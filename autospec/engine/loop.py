@@ -61,6 +61,7 @@ class Request:
     generator: torch.Generator
     cache: object
     workload: str | None = None
+    method: str | None = None  # as the caller named it (serve: the request's), for telemetry
     drafters: dict[str, Drafter] = field(default_factory=dict)
     steps: list[StepRecord] = field(default_factory=list)
     finish_reason: str | None = None
@@ -129,8 +130,10 @@ class Engine:
 
     def start(self, prompt: str | list[int], max_new_tokens: int = 64,
               sampling: SamplingParams = SamplingParams(), seed: int = 0,
-              request_id: str | None = None, workload: str | None = None) -> Request:
-        """Tokenise, check, and prefill all prompt tokens but the last into the target cache."""
+              request_id: str | None = None, workload: str | None = None,
+              method: str | None = None) -> Request:
+        """Tokenise, check, and prefill all prompt tokens but the last into the target cache.
+        `method` is only recorded (in the telemetry): the caller's controller decides."""
         ids = self.encode(prompt)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -140,7 +143,8 @@ class Engine:
         request = Request(
             request_id=request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}",
             tokens=ids, prompt_len=len(ids), max_new_tokens=max_new_tokens, sampling=sampling,
-            generator=torch.Generator().manual_seed(seed), cache=None, workload=workload)
+            generator=torch.Generator().manual_seed(seed), cache=None, workload=workload,
+            method=method)
         request.peek = functools.partial(self.peek, request)
         self.prefill(request)
         return request
@@ -277,7 +281,7 @@ class Engine:
             drafter.finish(self._context(request))
         record = summarise(request.request_id, request.prompt_len, request.steps,
                            time.perf_counter() - request.started, request.workload,
-                           request.finish_reason or "length")
+                           request.finish_reason or "length", request.method)
         text = self.models.tokenizer.decode(request.output, skip_special_tokens=True)
         return Generation(text, list(request.output), record)
 

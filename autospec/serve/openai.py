@@ -199,27 +199,28 @@ def k_shares(record: RequestRecord) -> dict[str, float]:
     return shares
 
 
-def metrics(record: RequestRecord, method: str) -> dict:
-    """The request's speculative metrics, as each response carries them."""
+def metrics(record: RequestRecord) -> dict:
+    """The request's speculative metrics, as each response carries them (its method too: the
+    record's)."""
     summary = record.to_dict(with_steps=False)
     summary.pop("step_records")
-    return {**summary, "method": method, "k_shares": k_shares(record)}
+    return {**summary, "k_shares": k_shares(record)}
 
 
 def completion_body(cid: str, model: str, text: str, finish_reason: str | None,
-                    record: RequestRecord | None = None, method: str = "") -> dict:
+                    record: RequestRecord | None = None) -> dict:
     body = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"text": text, "index": 0, "logprobs": None,
                          "finish_reason": finish_reason}]}
-    return _with_usage(body, record, method)
+    return _with_usage(body, record)
 
 
-def _with_usage(body: dict, record: RequestRecord | None, method: str) -> dict:
+def _with_usage(body: dict, record: RequestRecord | None) -> dict:
     if record is not None:
         body["usage"] = {"prompt_tokens": record.prompt_tokens,
                          "completion_tokens": record.output_tokens,
                          "total_tokens": record.prompt_tokens + record.output_tokens}
-        body["autospec"] = metrics(record, method)
+        body["autospec"] = metrics(record)
     return body
 
 
@@ -234,7 +235,6 @@ class Responder:
     completion_body's shape; chat ones are chat.completion / chat.completion.chunk."""
     chat: bool
     model: str
-    method: str
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     _role_sent: bool = False  # chat streams name the role in their first delta
@@ -244,11 +244,10 @@ class Responder:
 
     def whole(self, text: str, record: RequestRecord) -> dict:
         if not self.chat:
-            return completion_body(self.id, self.model, text, record.finish_reason, record,
-                                   self.method)
+            return completion_body(self.id, self.model, text, record.finish_reason, record)
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
                   "logprobs": None, "finish_reason": record.finish_reason}
-        return _with_usage(self._body("chat.completion", choice), record, self.method)
+        return _with_usage(self._body("chat.completion", choice), record)
 
     def chunk(self, text: str) -> dict:
         if not self.chat:
@@ -257,11 +256,9 @@ class Responder:
 
     def last(self, record: RequestRecord) -> dict:
         if not self.chat:
-            return completion_body(self.id, self.model, "", record.finish_reason, record,
-                                   self.method)
+            return completion_body(self.id, self.model, "", record.finish_reason, record)
         return _with_usage(self._body("chat.completion.chunk",
-                                      self._delta(None, record.finish_reason)),
-                           record, self.method)
+                                      self._delta(None, record.finish_reason)), record)
 
     def _delta(self, text: str | None, finish_reason: str | None) -> dict:
         delta = {} if text is None else {"content": text}

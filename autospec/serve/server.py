@@ -165,7 +165,7 @@ class Server:
                       else make_controller(req.method))
         request = engine.start(req.prompt, req.max_tokens,
                                SamplingParams(req.temperature, req.top_k, req.top_p), req.seed,
-                               workload=req.workload)
+                               workload=req.workload, method=str(req.method))
         request.drafter_options = self.options_for(req.tenant)
         if not on_text:
             return Row(request, controller)
@@ -208,7 +208,7 @@ class Server:
             return _error(400, str(exc), exc.param)
         except ValueError as exc:
             return _error(400, str(exc))
-        respond = openai.Responder(req.messages is not None, self.model_name, str(req.method))
+        respond = openai.Responder(req.messages is not None, self.model_name)
         if not req.stream:
             generation = await self._finished(ticket)
             if isinstance(generation, web.Response):
