@@ -1,5 +1,7 @@
 """`autospec report`: numbers by hand on a small store, valid PNGs, clear failures."""
 
+import dataclasses
+
 import pytest
 from clirun import error_line, invoke
 
@@ -110,6 +112,23 @@ def test_numbers_by_hand(filled):
 
 
 # -- the command ------------------------------------------------------------------------------
+def table_rows(lines: list[str]) -> dict[str, list[str]]:
+    """{first word: words} of the summary's unindented lines (table rows and headers)."""
+    return {ln.split()[0]: ln.split() for ln in lines if ln[:1].strip()}
+
+
+def assert_the_rows_of_records(lines: list[str]) -> None:
+    """The summary's workload rows, drafter shares and speeds of records(), by hand."""
+    row = table_rows(lines)
+    # workload requests output accept len/step meanK tok/s GB/s util
+    assert row["code"][1:] == ["2", "13", "0.500", "2.17", "2.33", "65.0", "0.12", "10.0%"]
+    assert row["chat"][1:] == ["1", "6", "1.000", "3.00", "2.00", "120.0", "0.10", "8.3%"]
+    assert row["all"][1:4] == ["3", "19", "0.611"]
+    assert "  code             ngram 50.0%, none 33.3%, draft-model 16.7%" in lines
+    assert "  ngram                   3 steps     300.0 tok/s 1.50x" in lines
+    assert "  none                    2 steps     200.0 tok/s 1.00x" in lines
+
+
 def test_report_writes_plots_and_summary(filled, tmp_path):
     out = tmp_path / "report"
     result = run("--db", filled, "--out", str(out), "--peak-gbs", "1.2")
@@ -123,15 +142,63 @@ def test_report_writes_plots_and_summary(filled, tmp_path):
     lines = summary.splitlines()
     assert "requests 3, output tokens 19" in lines[1]
     assert "peak bandwidth 1.2 GB/s (from --peak-gbs)" in summary
-    row = {ln.split()[0]: ln.split() for ln in lines if ln.startswith(("code ", "chat ", "all "))}
-    # workload requests output accept len/step meanK tok/s GB/s util
-    assert row["code"][1:] == ["2", "13", "0.500", "2.17", "2.33", "65.0", "0.12", "10.0%"]
-    assert row["chat"][1:] == ["1", "6", "1.000", "3.00", "2.00", "120.0", "0.10", "8.3%"]
-    assert row["all"][1:4] == ["3", "19", "0.611"]
-    assert "code             ngram 50.0%, none 33.3%, draft-model 16.7%" in summary
-    assert "ngram                   3 steps     300.0 tok/s 1.50x" in summary
-    assert "none                    2 steps     200.0 tok/s 1.00x" in summary
+    assert_the_rows_of_records(lines)
     assert "policies applied: 2; in force: bbbbbbbbbbbb policies/tuned.yaml" in summary
+
+
+def baseline_records():
+    """Two baseline requests: plain (10 plain steps: 10 tokens in 0.05 s = 200 tok/s) and
+    static:ngram:4 (2 steps of 4 accepted: 10 tokens in 0.1 s = 100 tok/s)."""
+    p = summarise("p", 8, [plain(i) for i in range(10)], wall_seconds=0.05, workload="code",
+                  method="plain")
+    s = summarise("s", 8, [ngram(0, 4), ngram(1, 4)], wall_seconds=0.1, workload="chat",
+                  method="static:ngram:4")
+    return [p, s]
+
+
+def test_baseline_requests_are_reported_apart_from_the_controllers(url, tmp_path):
+    """The controller's requests (adaptive, adaptive:POLICY, and one stored without a method)
+    give the same rows, shares and speeds as in test_report_writes_plots_and_summary; the
+    baseline ones (their 10 plain steps would read "none 66.7 %" for code) are their own
+    section."""
+    a, b, c = records()
+    a = dataclasses.replace(a, method="adaptive")
+    c = dataclasses.replace(c, method="adaptive:policies/tuned.yaml")  # b: method None
+    with open_store(url) as store:
+        store.ingest([a, *baseline_records(), b, c], "engine-1:1", "reference", "cpu")
+    out = tmp_path / "report"
+    result = run("--db", url, "--out", str(out), "--peak-gbs", "1.2")
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.exit_code == 0, result.output
+    lines = (out / "summary.txt").read_text().splitlines()
+    assert "requests 5, output tokens 39" in lines[1]  # everything stored
+    assert "the controller's requests: 3 (method adaptive, or not recorded); baseline " \
+           "requests apart, below" in lines
+    assert_the_rows_of_records(lines)
+    row = table_rows(lines)
+    at = lines.index("baseline requests: 2 (plain 1, static:ngram:4 1), tokens/s 133.3")
+    assert lines[at + 1] == "their method fixed the drafter and K: not in the controller's rows above"
+    assert row["method"][1:] == ["requests", "output", "accept", "len/step", "mean", "K",
+                                 "tok/s", "GB/s", "util"]
+    assert row["plain"][1:7] == ["1", "10", "-", "1.00", "0.00", "200.0"]
+    assert row["static:ngram:4"][1:7] == ["1", "10", "1.000", "5.00", "4.00", "100.0"]
+
+
+def test_a_store_of_baseline_requests_only_still_reports_its_drafters(url):
+    from autospec.report import load
+    from autospec.report.stats import split_traffic, summary_text
+    with open_store(url) as store:
+        store.ingest(baseline_records(), "b", "reference", "cpu")
+        requests, policies = load(store)
+    traffic = split_traffic(requests)
+    assert traffic.controller == [] and list(traffic.baseline) == ["plain", "static:ngram:4"]
+    assert traffic.shown == requests
+    text = summary_text(requests, policies, 1.0, "given", url)
+    assert "no request ran the adaptive controller: the rows below pool the 2 baseline " \
+           "requests" in text
+    assert "  all              none 83.3%, ngram 16.7%" in text
+    assert "baseline requests: 2 (plain 1, static:ngram:4 1), tokens/s 133.3\n" \
+           "their method fixed the drafter and K\n" in text
 
 
 def test_report_without_plain_steps_plots_absolute_tokens_per_s(url, tmp_path):

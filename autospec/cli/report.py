@@ -17,7 +17,11 @@ import click
               help="Requests in each rolling mean of the plots over time.")
 def report(db_url: str | None, out_dir: Path, peak_gbs: float | None, window: int) -> None:
     """Write acceptance.png, drafters.png, speedup.png, bandwidth.png and summary.txt to
-    --out, and print the summary. Exit 1 when the store holds no requests."""
+    --out, and print the summary. Exit 1 when the store holds no requests.
+
+    The workload rows, drafter shares and plots are of the controller's requests; requests
+    that ran a fixed method (plain, static:DRAFTER:K, a ctl: baseline) are reported apart,
+    per method."""
     from autospec.report import PLOTS, open_existing, write_report
     from autospec.store import StoreError
     if peak_gbs is not None and not peak_gbs > 0:

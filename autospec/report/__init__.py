@@ -17,8 +17,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import selectinload
 
-from autospec.report.stats import (UNLABELLED, RequestPoint, drafter_speeds, summarise_workloads,
-                                   summary_text)
+from autospec.report.stats import (UNLABELLED, RequestPoint, drafter_speeds, split_traffic,
+                                   summarise_workloads, summary_text)
 from autospec.store import AppliedPolicy, StepAggregate, Store, StoreError, default_url, open_store
 from autospec.store.queries import applied_policies
 from autospec.store.schema import RequestRow
@@ -71,7 +71,7 @@ def load(store: Store) -> tuple[list[RequestPoint], list[AppliedPolicy]]:
                 accepted=row.accepted, acceptance_rate=row.acceptance_rate,
                 wall_seconds=row.wall_seconds, draft_seconds=row.draft_seconds,
                 verify_seconds=row.verify_seconds, bytes_moved=row.bytes_moved,
-                bandwidth_gbs=row.bandwidth_gbs,
+                bandwidth_gbs=row.bandwidth_gbs, method=row.method,
                 aggregates=tuple(StepAggregate(a.drafter, a.k, a.steps, a.proposed, a.accepted,
                                                a.emitted, a.verify_tokens, a.draft_seconds,
                                                a.verify_seconds)
@@ -96,7 +96,9 @@ def peak_bandwidth(hardware: set[str], given: float | None = None) -> Peak:
 def write_report(store: Store, out_dir: Path, peak_gbs: float | None = None,
                  window: int = 20) -> str:
     """Write summary.txt and the four PLOTS into out_dir (created); returns the summary.
-    Raises EmptyStoreError before writing anything when the store holds no requests."""
+    The plots, like the summary's workload rows, are of the controller's requests (baseline
+    traffic apart: stats.Traffic). Raises EmptyStoreError before writing anything when the
+    store holds no requests."""
     if window < 1:
         raise ValueError(f"rolling window must be >= 1, got {window}")
     requests, policies = load(store)
@@ -104,13 +106,14 @@ def write_report(store: Store, out_dir: Path, peak_gbs: float | None = None,
         raise EmptyStoreError(f"store {store.url} holds no requests yet: nothing to report "
                               f"(requests are stored by the daemon or `store.ingest`)")
     peak = peak_bandwidth({r.hardware for r in requests}, peak_gbs)
+    shown = split_traffic(requests).shown
     from autospec.report import plots  # matplotlib only once there is something to draw
     out_dir.mkdir(parents=True, exist_ok=True)
-    window = min(window, len(requests))
-    plots.plot_acceptance(requests, out_dir / "acceptance.png", window)
-    plots.plot_drafters(summarise_workloads(requests), out_dir / "drafters.png")
-    plots.plot_speedup(drafter_speeds(requests), out_dir / "speedup.png")
-    plots.plot_bandwidth(requests, peak.gbs, out_dir / "bandwidth.png", window)
+    window = min(window, len(shown))
+    plots.plot_acceptance(shown, out_dir / "acceptance.png", window)
+    plots.plot_drafters(summarise_workloads(shown), out_dir / "drafters.png")
+    plots.plot_speedup(drafter_speeds(shown), out_dir / "speedup.png")
+    plots.plot_bandwidth(shown, peak.gbs, out_dir / "bandwidth.png", window)
     text = summary_text(requests, policies, peak.gbs, peak.source, store.url)
     (out_dir / "summary.txt").write_text(text)
     return text

@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from autospec.report.stats import (PLAIN, DrafterSpeed, RequestPoint, WorkloadSummary,
+from autospec.report.stats import (PLAIN, DrafterSpeed, GroupSummary, RequestPoint,
                                    by_workload, mean_k, rolling_mean)
 
 DPI = 120
@@ -52,7 +52,7 @@ def plot_acceptance(requests: Sequence[RequestPoint], path: Path, window: int) -
     fig.savefig(path, dpi=DPI)
 
 
-def plot_drafters(summaries: dict[str, WorkloadSummary], path: Path) -> None:
+def plot_drafters(summaries: dict[str, GroupSummary], path: Path) -> None:
     fig, (ax,) = _figure()
     names = list(summaries)
     drafters = sorted({d for s in summaries.values() for d in s.drafter_shares},

@@ -4,6 +4,10 @@ Pooled figures are ratios of sums, never means of per-request ratios, so a 10-to
 weighs a tenth of a 100-token one: acceptance rate = sum accepted / sum proposed, accepted
 length = sum emitted / sum steps, tokens/s = sum output tokens / sum wall seconds, bandwidth =
 sum bytes moved / sum (draft + verify) seconds, as telemetry.summarise defines them per request.
+
+The workload rows, drafter shares and drafter speeds are of the controller's requests; baseline
+traffic (requests whose method fixed the drafter and K, like the demo's plain half) is
+reported apart, per method (`split_traffic`).
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from autospec.method import is_adaptive
 from autospec.store import AppliedPolicy, StepAggregate
 from autospec.telemetry import UNLABELLED  # the workload of requests stored without one
 
@@ -36,11 +41,14 @@ class RequestPoint:
     bytes_moved: int
     bandwidth_gbs: float
     aggregates: tuple[StepAggregate, ...]
+    method: str | None = None  # as the request ran ("plain", "adaptive", ...); None: not said
 
 
 @dataclass(frozen=True)
-class WorkloadSummary:
-    workload: str
+class GroupSummary:
+    """One row of the summary: the requests of one workload, of all (ALL), or of one baseline
+    method."""
+    name: str
     requests: int
     output_tokens: int
     acceptance_rate: float | None  # None when nothing was drafted
@@ -104,15 +112,48 @@ def drafter_steps(requests: Iterable[RequestPoint]) -> dict[str, int]:
     return steps
 
 
-def summarise_workload(workload: str, requests: Sequence[RequestPoint]) -> WorkloadSummary:
+@dataclass(frozen=True)
+class Traffic:
+    """Stored requests split by who chose their drafter and K: the controller, or the method.
+
+    A baseline request ran a method that fixes both (plain, static:DRAFTER:K) or a baseline
+    controller (ctl:, hf:). Its steps are the client's choice, not the controller's: counted
+    with the rest they read as if the controller had chosen them (the demo's plain half made
+    the shares read "none 87 %"). A request stored without a method (telemetry from before
+    schema 5, or a client that does not send it) counts as the controller's, as every request
+    did before methods were recorded: nothing old moves out of the controller's rows."""
+    requests: Sequence[RequestPoint]  # all of them, in stored order
+    controller: list[RequestPoint]  # method adaptive or adaptive:POLICY, or None; stored order
+    baseline: dict[str, list[RequestPoint]]  # {method: its requests}, methods by name
+
+    @property
+    def shown(self) -> Sequence[RequestPoint]:
+        """What the controller's rows and plots show: its requests, or every request when none
+        ran it (a store of baseline traffic only still reports its drafters)."""
+        return self.controller or self.requests
+
+
+def split_traffic(requests: Sequence[RequestPoint]) -> Traffic:
+    controller: list[RequestPoint] = []
+    baseline: dict[str, list[RequestPoint]] = {}
+    for r in requests:
+        if r.method is None or is_adaptive(r.method):
+            controller.append(r)
+        else:
+            baseline.setdefault(r.method, []).append(r)
+    return Traffic(requests, controller, dict(sorted(baseline.items())))
+
+
+def summarise_workload(name: str, requests: Sequence[RequestPoint]) -> GroupSummary:
+    """The summary row of a group of requests (one workload, ALL, or a baseline method)."""
     steps = drafter_steps(requests)
     total_steps = sum(steps.values())
     shares = {d: n / total_steps for d, n in sorted(steps.items(), key=lambda kv: (-kv[1], kv[0]))}
     output = sum(r.output_tokens for r in requests)
     step_seconds = sum(r.draft_seconds + r.verify_seconds for r in requests)
     moved = sum(r.bytes_moved for r in requests)
-    return WorkloadSummary(
-        workload=workload,
+    return GroupSummary(
+        name=name,
         requests=len(requests),
         output_tokens=output,
         acceptance_rate=_ratio(sum(r.accepted for r in requests), sum(r.proposed for r in requests)),
@@ -124,7 +165,7 @@ def summarise_workload(workload: str, requests: Sequence[RequestPoint]) -> Workl
     )
 
 
-def summarise_workloads(requests: Sequence[RequestPoint]) -> dict[str, WorkloadSummary]:
+def summarise_workloads(requests: Sequence[RequestPoint]) -> dict[str, GroupSummary]:
     """{workload: summary} in name order, then "all" pooled over every request."""
     out = {w: summarise_workload(w, rs) for w, rs in by_workload(requests).items()}
     out[ALL] = summarise_workload(ALL, requests)
@@ -160,37 +201,50 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+_COLUMNS = (f"{'requests':>8} {'output':>8} {'accept':>7} {'len/step':>8} {'mean K':>6} "
+            f"{'tok/s':>9} {'GB/s':>7} {'util':>6}")
+
+
+def _row(s: GroupSummary, peak_gbs: float, width: int = 16) -> str:
+    """One line of a summary table: the group's name in `width` characters, then _COLUMNS."""
+    util = None if s.bandwidth_gbs is None else s.bandwidth_gbs / peak_gbs
+    return (f"{s.name:<{width}} {s.requests:>8} {s.output_tokens:>8} "
+            f"{_num(s.acceptance_rate, '.3f'):>7} {_num(s.mean_accepted_length, '.2f'):>8} "
+            f"{_num(s.mean_k, '.2f'):>6} {_num(s.tokens_per_s, '.1f'):>9} "
+            f"{_num(s.bandwidth_gbs, '.2f'):>7} {_num(util, '.1%'):>6}")
+
+
 def summary_text(requests: Sequence[RequestPoint], policies: Sequence[AppliedPolicy],
                  peak_gbs: float, peak_source: str, store_url: str) -> str:
-    """The report as text: totals, one line per workload, drafter shares, drafter speeds,
-    policies. `requests` in stored order (non-empty)."""
-    summaries = summarise_workloads(requests)
-    total = summaries[ALL]
+    """The report as text: totals, one line per workload, drafter shares, drafter speeds (the
+    controller's requests), baseline requests per method, policies. `requests` in stored order
+    (non-empty)."""
+    traffic = split_traffic(requests)
+    summaries = summarise_workloads(traffic.shown)
     first, last = requests[0].ingested_at, requests[-1].ingested_at
     pairs = sorted({r.model_pair for r in requests})
     hardware = sorted({r.hardware for r in requests})
     lines = [
         f"autospec report: {store_url}",
-        f"requests {total.requests}, output tokens {total.output_tokens}, "
+        f"requests {len(requests)}, output tokens {sum(r.output_tokens for r in requests)}, "
         f"ingested {first:%Y-%m-%d %H:%M} .. {last:%Y-%m-%d %H:%M} UTC",
         f"model pair {', '.join(pairs)}; hardware {', '.join(hardware)}",
         f"peak bandwidth {peak_gbs:.1f} GB/s ({peak_source})",
         "",
-        f"{'workload':<16} {'requests':>8} {'output':>8} {'accept':>7} {'len/step':>8} "
-        f"{'mean K':>6} {'tok/s':>9} {'GB/s':>7} {'util':>6}",
     ]
-    for s in summaries.values():
-        util = None if s.bandwidth_gbs is None else s.bandwidth_gbs / peak_gbs
-        lines.append(
-            f"{s.workload:<16} {s.requests:>8} {s.output_tokens:>8} "
-            f"{_num(s.acceptance_rate, '.3f'):>7} {_num(s.mean_accepted_length, '.2f'):>8} "
-            f"{_num(s.mean_k, '.2f'):>6} {_num(s.tokens_per_s, '.1f'):>9} "
-            f"{_num(s.bandwidth_gbs, '.2f'):>7} {_num(util, '.1%'):>6}")
+    if traffic.baseline and traffic.controller:
+        lines.append(f"the controller's requests: {len(traffic.controller)} (method adaptive, or "
+                     f"not recorded); baseline requests apart, below")
+    elif traffic.baseline:
+        lines.append(f"no request ran the adaptive controller: the rows below pool the "
+                     f"{len(requests)} baseline requests")
+    lines.append(f"{'workload':<16} {_COLUMNS}")
+    lines += [_row(s, peak_gbs) for s in summaries.values()]
     lines += ["", "drafter shares of steps:"]
     for s in summaries.values():
         shares = ", ".join(f"{d} {share:.1%}" for d, share in s.drafter_shares.items())
-        lines.append(f"  {s.workload:<16} {shares or '-'}")
-    speeds = drafter_speeds(requests)
+        lines.append(f"  {s.name:<16} {shares or '-'}")
+    speeds = drafter_speeds(traffic.shown)
     has_plain = any(s.drafter == PLAIN for s in speeds)
     lines += ["", "tokens/s of step time (draft + verify) by drafter"
               + (", relative to plain steps:" if has_plain else ":")]
@@ -200,6 +254,18 @@ def summary_text(requests: Sequence[RequestPoint], policies: Sequence[AppliedPol
     if not has_plain:
         lines.append("  no plain steps recorded: no speedup vs plain; speedup.png shows absolute tokens/s")
     lines.append("")
+    if traffic.baseline:
+        rows = {m: summarise_workload(m, rs) for m, rs in traffic.baseline.items()}
+        everything = summarise_workload(ALL, [r for rs in traffic.baseline.values() for r in rs])
+        counts = ", ".join(f"{m} {s.requests}" for m, s in rows.items())
+        width = max(16, *map(len, rows))
+        lines += [f"baseline requests: {everything.requests} ({counts}), tokens/s "
+                  f"{_num(everything.tokens_per_s, '.1f')}",
+                  "their method fixed the drafter and K"
+                  + (": not in the controller's rows above" if traffic.controller else ""),
+                  f"{'method':<{width}} {_COLUMNS}"]
+        lines += [_row(s, peak_gbs, width) for s in rows.values()]
+        lines.append("")
     if policies:
         now = policies[-1]
         lines.append(f"policies applied: {len(policies)}; in force: {now.policy_hash[:12]} "
