@@ -1,18 +1,20 @@
 """The SmolLM2 draft's distillation pieces on a minuscule target: the loss is what its
-docstring says, the draft starts from the target's embedding, and training resumes exactly."""
+docstring says, the draft starts as the target's own layers over a head subset, the subset is
+the most emitted tokens, and training resumes exactly."""
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from autospec.training.distill import (RECIPE, distill_loss, make_batch, make_draft,
-                                       top1_agreement, train_draft)
+from autospec.training.distill import (RECIPE, choose_subset, distill_loss, make_batch,
+                                       make_draft, subset_coverage, top1_agreement, train_draft)
 from conftest import random_llama
 
 VOCAB = 32
-RECIPE_TINY = replace(RECIPE, layers=1, hidden=8, heads=2, kv_heads=2, ffn=16, batch=2,
-                      steps=4, warmup=1, top_k=4, prompt_positions=3)
+RECIPE_TINY = replace(RECIPE, keep_layers=(0,), batch=2, steps=4, warmup=1, top_k=4,
+                      prompt_positions=3)
+EVERY_TOKEN = torch.arange(VOCAB)
 
 
 def rows(n: int = 4, seed: int = 0) -> list[dict]:
@@ -34,7 +36,7 @@ def target():
 
 
 def test_one_hot_soft_targets_make_the_loss_plain_cross_entropy(target):
-    draft = make_draft(target, RECIPE_TINY)
+    draft = make_draft(target, RECIPE_TINY, EVERY_TOKEN)
     batch = make_batch(rows(), replace(RECIPE_TINY, prompt_weight=0.0), np.random.default_rng(0))
     for w in (0.0, 0.5, 1.0):
         loss, answer_ce = distill_loss(draft, batch, replace(RECIPE_TINY, soft_weight=w,
@@ -42,24 +44,47 @@ def test_one_hot_soft_targets_make_the_loss_plain_cross_entropy(target):
         assert float(loss.detach()) == pytest.approx(answer_ce, rel=1e-5)
 
 
-def test_draft_embedding_is_the_targets_projected(target):
-    draft = make_draft(target, RECIPE_TINY)
-    emb, small = target.get_input_embeddings().weight, draft.get_input_embeddings().weight
-    assert small.shape == (VOCAB, RECIPE_TINY.hidden)
-    # a linear map of the target's embedding (its top principal directions, rescaled):
-    # small = emb @ P exactly, for some P
-    emb = emb.detach().double()
-    solution = torch.linalg.lstsq(emb, small.detach().double()).solution
-    assert torch.allclose(emb @ solution, small.detach().double(), atol=1e-6)
+def test_draft_starts_as_the_targets_layers_over_its_head_rows(target):
+    subset = torch.tensor([1, 4, 9, 16, 25])
+    draft = make_draft(target, RECIPE_TINY, subset)
+    assert draft.get_input_embeddings() is target.get_input_embeddings()
+    assert torch.equal(draft.lm_head.weight, target.lm_head.weight[subset])
+    first, copied = target.model.layers[0], draft.model.layers[0]
+    assert copied is not first  # a copy: training the draft leaves the target alone
+    assert torch.equal(copied.mlp.up_proj.weight, first.mlp.up_proj.weight)
+
+
+def test_out_of_subset_tokens_carry_no_loss(target):
+    """A position whose next token the head cannot score is left out: adding a row whose
+    answer lies wholly outside the subset leaves the loss as it was."""
+    data, subset = rows(), torch.arange(VOCAB // 2)
+    inside = [{**r, "answer": [t % (VOCAB // 2) for t in r["answer"]],
+               "top_ids": r["top_ids"] % (VOCAB // 2)} for r in data[:2]]
+    outside = {**data[2], "answer": [VOCAB // 2 + t % (VOCAB // 2) for t in data[2]["answer"]]}
+    recipe = replace(RECIPE_TINY, prompt_weight=0.0)
+    draft = make_draft(target, recipe, subset)
+    loss, _ = distill_loss(draft, make_batch(inside, recipe, np.random.default_rng(0)), recipe)
+    mixed, _ = distill_loss(draft, make_batch(inside + [outside], recipe,
+                                              np.random.default_rng(0)), recipe)
+    assert torch.isfinite(loss)
+    assert float(mixed.detach()) == pytest.approx(float(loss.detach()), rel=1e-4)
+
+
+def test_the_subset_is_the_most_emitted_tokens_and_always_eos():
+    data = [{"prompt": [7, 7, 7], "answer": [1, 1, 1, 2, 2, 3]}]
+    assert choose_subset(data, VOCAB, 2).tolist() == [1, 2]
+    assert choose_subset(data, VOCAB, 2, always={30}).tolist() == [1, 30]
+    assert choose_subset(data, VOCAB, 4).tolist() == [1, 2, 3, 7]  # then the prompt's
+    assert subset_coverage(torch.tensor([1, 2]), data) == pytest.approx(5 / 6)
 
 
 def test_training_resumes_from_its_checkpoint(target, tmp_path):
     data = rows(8)
     ckpt = tmp_path / "draft.pt"
-    first = make_draft(target, RECIPE_TINY)
+    first = make_draft(target, RECIPE_TINY, EVERY_TOKEN)
     run = train_draft(first, data, RECIPE_TINY, ckpt, quiet=True, heldout=data[:2])
     assert run["steps"] == 4 and [h["step"] for h in run["history"]] == [4]
-    again = make_draft(target, RECIPE_TINY)  # fresh weights, then the checkpoint
+    again = make_draft(target, RECIPE_TINY, EVERY_TOKEN)  # fresh weights, then the checkpoint
     train_draft(again, data, RECIPE_TINY, ckpt, quiet=True)
     for a, b in zip(first.state_dict().values(), again.state_dict().values()):
         assert torch.equal(a, b)

@@ -16,6 +16,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from autospec.models.shared_draft import is_shared_draft, load_shared_draft
 from autospec.paths import REFERENCE_DIR
 
 PROBE_TEXT = "def probe(x):\n    return x + 1  # tokenizer probe: ünïcode, tabs\t, 12345\n"
@@ -90,7 +91,13 @@ class ModelPair:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of weights one forward of one token reads: all of them, except an input embedding
+    that is not also the output head (a look-up reads one row of it)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if embedding is not None and getattr(head, "weight", None) is not embedding.weight:
+        total -= embedding.weight.numel() * embedding.weight.element_size()
+    return total
 
 
 def kv_shape(model: nn.Module) -> tuple[int, int, int]:
@@ -202,7 +209,13 @@ def load_pair(target: str | None = None, draft: str | None = None,
     tokenizer = AutoTokenizer.from_pretrained(target)
     draft_model = None
     if draft is not None:
-        draft_model = _load_model(draft, torch_dtype, "draft")
+        if is_shared_draft(draft):  # borrows the target's embedding (models/shared_draft.py)
+            try:
+                draft_model = load_shared_draft(draft, target_model, torch_dtype)
+            except (OSError, ValueError) as exc:
+                raise ModelLoadError(f"cannot load draft model '{draft}': {exc}") from None
+        else:
+            draft_model = _load_model(draft, torch_dtype, "draft")
         try:
             draft_tok = AutoTokenizer.from_pretrained(draft)
         except (OSError, ValueError):
