@@ -101,3 +101,47 @@ def test_greedy_through_a_subset_draft_is_lossless(target, k):
         assert out.token_ids == want.token_ids
         if total:
             assert out.telemetry.accepted == out.telemetry.proposed > 0
+
+
+def test_a_trained_exit_borrows_the_targets_first_layers(target, tmp_path):
+    """keep_layers (0, 1) with layer 0 borrowed: the exit is the target again, runs the
+    target's own layer 0, trains and ships only layer 1, its norm and head."""
+    exit_model = draft_from_target(target, [0, 1], torch.arange(VOCAB), borrowed=1)
+    assert exit_model.model.layers[0] is target.model.layers[0]
+    assert exit_model.model.layers[1] is not target.model.layers[1]
+    assert not any(p.requires_grad for p in exit_model.model.layers[0].parameters())
+    ids = [4, 4, 2, 7, 1]
+    assert torch.allclose(logits(exit_model, ids), logits(target, ids), atol=1e-5)
+    assert not any(name.startswith("model.layers.0.") for name in own_state(exit_model))
+    save_shared_draft(exit_model, tmp_path)
+    loaded = load_shared_draft(tmp_path, target, torch.float32)
+    assert loaded.model.layers[0] is target.model.layers[0]
+    with pytest.raises(ValueError, match=r"must start \[0, 1\], got \[0, 5\]"):
+        draft_from_target(target, [0, 5], torch.arange(VOCAB), borrowed=2)
+
+
+def test_early_exit_runs_the_trained_exit_at_its_depth_and_stays_lossless(target):
+    exit_model = draft_from_target(target, [0, 1], torch.arange(VOCAB), borrowed=1)
+    pair = ModelPair(target, IdTokenizer(), exit_model=exit_model)
+    assert pair.default_exit_layer == 1 and pair.early_exit_view(1) is exit_model
+    assert pair.early_exit_view(1) is not ModelPair(target, IdTokenizer()).early_exit_view(1)
+    prompt = [2, 3, 5, 7]
+    want = Engine(ModelPair(target, IdTokenizer())).generate(
+        prompt, controller=StaticController(None, 0), max_new_tokens=20)
+    out = Engine(pair).generate(prompt, controller=StaticController("early-exit", 3),
+                                max_new_tokens=20)
+    assert out.token_ids == want.token_ids
+    assert out.telemetry.accepted == out.telemetry.proposed > 0  # the exit is the whole target
+
+
+def test_load_pair_takes_a_trained_exit_and_refuses_a_plain_model_dir(tiny_dir, tmp_path):
+    pair = load_pair(str(tiny_dir / "target"), None)
+    layers = pair.target.config.num_hidden_layers
+    out = tmp_path / "exit"
+    save_shared_draft(draft_from_target(pair.target, list(range(layers)), torch.arange(64),
+                                        borrowed=1), out)
+    loaded = load_pair(str(tiny_dir / "target"), None, exit=str(out))
+    assert loaded.default_exit_layer == 1
+    assert loaded.exit_model.model.layers[0] is loaded.target.model.layers[0]
+    with pytest.raises(ModelLoadError, match="not a draft made for a target"):
+        load_pair(str(tiny_dir / "target"), None, exit=str(tiny_dir / "draft"))

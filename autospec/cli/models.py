@@ -13,8 +13,9 @@ def models() -> None:
 
 @models.command()
 @click.option("--preset", default="reference", show_default=True,
-              type=click.Choice(["tiny", "reference", "smollm2-draft"]),
-              help="Model-pair recipe; smollm2-draft distils a draft for the fetched SmolLM2.")
+              type=click.Choice(["tiny", "reference", "smollm2-draft", "smollm2-exit"]),
+              help="Model-pair recipe; smollm2-draft distils a draft for the fetched SmolLM2, "
+                   "smollm2-exit a trained early exit on its first layers.")
 @click.option("--corpus", "corpus_dir", type=click.Path(path_type=Path),
               help="Directory of .py files (default: this Python's standard library).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path),
@@ -23,7 +24,7 @@ def models() -> None:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--stage", default="all", show_default=True,
               type=click.Choice(["answers", "train", "all"]),
-              help="smollm2-draft only: the target's answers, the training, or both.")
+              help="smollm2-* only: the target's answers, the training, or both.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads (default: all; 1 leaves a core to other work).")
 def build(preset: str, corpus_dir: Path | None, out_dir: Path | None, quiet: bool,
@@ -32,12 +33,13 @@ def build(preset: str, corpus_dir: Path | None, out_dir: Path | None, quiet: boo
 
     smollm2-draft: the fetched SmolLM2 target answers chat prompts from the standard library's
     training split, and a small draft learns its answers (resumable; see autospec/training).
+    smollm2-exit: the same answers teach a small exit after the target's first layers.
     """
     log = lambda m: click.echo(m, err=True)  # noqa: E731
     try:
-        if preset == "smollm2-draft":
+        if preset.startswith("smollm2-"):
             from autospec.training.distill import build as run_distill
-            run_distill(out_dir, quiet=quiet, log=log, stage=stage, threads=threads)
+            run_distill(out_dir, preset, quiet=quiet, log=log, stage=stage, threads=threads)
             return
         from autospec.models.build import build as run_build
         run_build(preset, corpus_dir, out_dir, quiet=quiet, log=log)

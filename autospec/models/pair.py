@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from autospec.models.shared_draft import is_shared_draft, load_shared_draft
+from autospec.models.shared_draft import borrowed_layers, is_shared_draft, load_shared_draft
 from autospec.paths import REFERENCE_DIR
 
 PROBE_TEXT = "def probe(x):\n    return x + 1  # tokenizer probe: ünïcode, tabs\t, 12345\n"
@@ -45,6 +45,9 @@ class ModelPair:
     draft: nn.Module | None = None
     target_name: str = "target"
     draft_name: str | None = None
+    # a trained early exit (models/shared_draft.py: the target's first L layers + a trained
+    # exit); the early-exit drafter at its depth L runs it instead of the bare view
+    exit_model: nn.Module | None = None
     _exit_views: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -80,11 +83,16 @@ class ModelPair:
 
     @property
     def default_exit_layer(self) -> int:
+        if self.exit_model is not None:
+            return borrowed_layers(self.exit_model)
         cfg = self.target.config
         return int(getattr(cfg, "autospec_exit_layer", 0) or max(1, cfg.num_hidden_layers // 4))
 
     def early_exit_view(self, layer: int) -> nn.Module:
-        """The target's first `layer` decoder layers + its final norm and head, weights shared."""
+        """The target's first `layer` decoder layers + its final norm and head, weights shared;
+        at the trained exit's depth, the trained exit."""
+        if self.exit_model is not None and layer == borrowed_layers(self.exit_model):
+            return self.exit_model
         if layer not in self._exit_views:
             self._exit_views[layer] = early_exit_view(self.target, layer)
         return self._exit_views[layer]
@@ -189,7 +197,8 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
 
 
 def load_pair(target: str | None = None, draft: str | None = None,
-              dtype: str = "float32", with_draft: bool = True) -> ModelPair:
+              dtype: str = "float32", with_draft: bool = True,
+              exit: str | None = None) -> ModelPair:
     """Load target + draft. Defaults: the shipped reference pair.
 
     dtype float32 is the default on purpose: bf16 rounds a (k+1)-token verify forward and k+1
@@ -210,10 +219,7 @@ def load_pair(target: str | None = None, draft: str | None = None,
     draft_model = None
     if draft is not None:
         if is_shared_draft(draft):  # borrows the target's embedding (models/shared_draft.py)
-            try:
-                draft_model = load_shared_draft(draft, target_model, torch_dtype)
-            except (OSError, ValueError) as exc:
-                raise ModelLoadError(f"cannot load draft model '{draft}': {exc}") from None
+            draft_model = _load_shared(draft, target_model, torch_dtype, "draft model")
         else:
             draft_model = _load_model(draft, torch_dtype, "draft")
         try:
@@ -226,7 +232,18 @@ def load_pair(target: str | None = None, draft: str | None = None,
             raise ModelLoadError(
                 f"draft model '{draft}' has another vocabulary than target '{target}': "
                 f"{draft_model.config.vocab_size} vs {target_model.config.vocab_size}")
-    return ModelPair(target_model, tokenizer, draft_model, target, draft)
+    exit_model = _load_shared(exit, target_model, torch_dtype, "trained exit") if exit else None
+    return ModelPair(target_model, tokenizer, draft_model, target, draft, exit_model)
+
+
+def _load_shared(path: str, target_model: nn.Module, dtype: torch.dtype, role: str) -> nn.Module:
+    if not is_shared_draft(path):
+        raise ModelLoadError(f"{role} '{path}' is not a draft made for a target (no "
+                             f"autospec_draft in its config.json)")
+    try:
+        return load_shared_draft(path, target_model, dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load {role} '{path}': {exc}") from None
 
 
 def ensure_reference() -> Path:

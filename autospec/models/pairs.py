@@ -2,8 +2,10 @@
 
     reference   the shipped 11M pair (built on first use if this install lacks it)
     smollm2     SmolLM2-135M-Instruct, fetched once into the cache by `autospec models fetch
-                smollm2`; its trained draft ships in the package (until it does, the pair is
-                target-only and the draft-model drafter is unavailable)
+                smollm2`; its trained draft and trained early exit ship in the package
+                (autospec/smollm2/draft, exit: both borrow the target's embedding, the exit
+                also its first layers; without the draft the pair is target-only, without the
+                exit early-exit runs the bare view)
 
 `--pair NAME` (CLI), `autospec.load(pair=NAME)` and the store's pair key (`ModelPair.key`) all
 read this table.
@@ -31,6 +33,7 @@ class NamedPair:
     # target is for (the reference pair continues raw code and prose; SmolLM2 is a chat model)
     bench_workload: str = "reference.jsonl"
     demo_workload: str = "mixed.jsonl"
+    exit: Callable[[], Path] | None = None  # a trained early exit, where the pair ships one
 
     def workload(self, which: str) -> Path:
         """The default workload file for `bench` or `demo` (installed as autospec.configs)."""
@@ -51,6 +54,10 @@ class NamedPair:
         draft = self.draft()
         return target, draft if _is_model_dir(draft) else None
 
+    def exit_dir(self) -> Path | None:
+        path = self.exit() if self.exit else None
+        return path if path is not None and _is_model_dir(path) else None
+
 
 PAIRS: dict[str, NamedPair] = {p.name: p for p in (
     NamedPair("reference", "the shipped 11M pair (target + draft)",
@@ -59,7 +66,7 @@ PAIRS: dict[str, NamedPair] = {p.name: p for p in (
     NamedPair("smollm2", "SmolLM2-135M-Instruct (chat), fetched into the cache",
               lambda: smollm2_dir() / "target", lambda: SMOLLM2_SHIPPED_DIR / "draft",
               fetch="autospec models fetch smollm2", bench_workload="chat.jsonl",
-              demo_workload="chat.jsonl"),
+              demo_workload="chat.jsonl", exit=lambda: SMOLLM2_SHIPPED_DIR / "exit"),
 )}
 
 
@@ -72,8 +79,11 @@ def named_pair(name: str) -> NamedPair:
 def load_named_pair(name: str, dtype: str = "float32"):
     """The ModelPair a name stands for (see the table above)."""
     from autospec.models.pair import load_pair
-    target, draft = named_pair(name).locate()
-    return load_pair(str(target), str(draft) if draft else None, dtype)
+    spec = named_pair(name)
+    target, draft = spec.locate()
+    exit_dir = spec.exit_dir()
+    return load_pair(str(target), str(draft) if draft else None, dtype,
+                     exit=str(exit_dir) if exit_dir else None)
 
 
 def pair_name_for(target: str, draft: str | None) -> str | None:

@@ -14,9 +14,15 @@ target's modules (shared, as `early_exit_view` shares them) and whose `lm_head` 
 `SubsetHead`: logits outside the subset are the dtype's minimum, so argmax, softmax and every
 drafter's code see a full-vocabulary distribution unchanged.
 
+A trained early exit is the same object with its first `borrowed_layers` decoder layers also
+the target's own (self-speculation: the target's first L layers, then a small trained exit —
+one or more layers, a norm and a subset head — in place of its other layers; LayerSkip's exit
+without touching the target).
+
 On disk: `config.json` (a Llama config with `autospec_draft = {"shares_target_embedding":
-true, "vocab_subset": N}`), `model.safetensors` without the embedding, with the subset's
-token ids as `lm_head.token_ids`; the target's tokenizer beside it.
+true, "vocab_subset": N, "borrowed_layers": L}`), `model.safetensors` without the embedding
+or the borrowed layers, with the subset's token ids as `lm_head.token_ids`; the target's
+tokenizer beside it.
 """
 from __future__ import annotations
 
@@ -61,49 +67,64 @@ def is_shared_draft(path: str | Path) -> bool:
     return config.is_file() and f'"{CONFIG_KEY}"' in config.read_text()
 
 
-def _shell(target, layers: int, on_meta: bool):
-    """A draft-shaped Llama with the target's embedding and rotary modules; the rest is meta
-    (to be assigned) or freshly initialised."""
+def _shell(target, layers: int, borrowed: int = 0):
+    """A draft-shaped Llama (on the meta device, to be assigned) with the target's embedding,
+    rotary embedding and first `borrowed` decoder layers."""
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = layers
     config.tie_word_embeddings = False
     for attr in ("layer_types", "quantization_config"):
         if hasattr(config, attr):
             delattr(config, attr)
-    with torch.device("meta" if on_meta else "cpu"):
+    with torch.device("meta"):
         draft = type(target)(config)
-    base = target.base_model_prefix
-    setattr(getattr(draft, base), "embed_tokens", target.get_input_embeddings())
-    setattr(getattr(draft, base), "rotary_emb", getattr(target, base).rotary_emb)
+    base, draft_base = getattr(target, target.base_model_prefix), getattr(draft, target.base_model_prefix)
+    draft_base.embed_tokens = target.get_input_embeddings()
+    draft_base.rotary_emb = base.rotary_emb
+    for i in range(borrowed):  # layer i of both: the cache index (layer_idx) already agrees
+        draft_base.layers[i] = base.layers[i]
     return draft
 
 
-def draft_from_target(target, keep_layers: list[int], token_ids: torch.Tensor):
+def draft_from_target(target, keep_layers: list[int], token_ids: torch.Tensor,
+                      borrowed: int = 0):
     """A new draft initialised from the target: its decoder layers `keep_layers` (copied, then
     trained), its final norm, and its head's rows for `token_ids` (the head is tied to the
-    embedding on SmolLM2, so these are embedding rows)."""
+    embedding on SmolLM2, so these are embedding rows). With `borrowed` = L, keep_layers
+    starts 0..L-1 and those layers are the target's own modules, frozen: a trained exit."""
+    if list(keep_layers[:borrowed]) != list(range(borrowed)):
+        raise ValueError(f"a trained exit borrows the target's first {borrowed} layers: "
+                         f"keep_layers must start {list(range(borrowed))}, got {list(keep_layers)}")
     base = getattr(target, target.base_model_prefix)
-    draft = _shell(target, len(keep_layers), on_meta=True)
+    draft = _shell(target, len(keep_layers), borrowed)
     draft_base = getattr(draft, draft.base_model_prefix)
-    layers = [copy.deepcopy(base.layers[i]) for i in keep_layers]
-    for i, layer in enumerate(layers):
+    for i, source in enumerate(keep_layers[borrowed:], start=borrowed):
+        layer = copy.deepcopy(base.layers[source])
         layer.self_attn.layer_idx = i  # the draft's own cache is indexed 0..n-1
-    draft_base.layers = nn.ModuleList(layers)
+        draft_base.layers[i] = layer
     draft_base.norm = copy.deepcopy(base.norm)
     head = target.get_output_embeddings().weight.detach()[token_ids.long()].clone()
     draft.lm_head = SubsetHead(head, token_ids, target.config.vocab_size)
     draft.config.__dict__[CONFIG_KEY] = {"shares_target_embedding": True,
                                          "vocab_subset": int(len(token_ids)),
+                                         "borrowed_layers": borrowed,
                                          "initial_layers": list(keep_layers)}
-    for p in draft.get_input_embeddings().parameters():
-        p.requires_grad_(False)
+    for module in (draft.get_input_embeddings(), *draft_base.layers[:borrowed]):
+        for p in module.parameters():
+            p.requires_grad_(False)
     _check_materialised(draft)
     return draft
 
 
+def borrowed_layers(draft) -> int:
+    return int(getattr(draft.config, CONFIG_KEY, {}).get("borrowed_layers", 0))
+
+
 def own_state(draft, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """What the draft ships: every tensor but the borrowed embedding and rotary buffers."""
-    skip = ("embed_tokens.", "rotary_emb.")
+    """What the draft ships: every tensor but the borrowed embedding, rotary buffers and
+    layers."""
+    skip = ("embed_tokens.", "rotary_emb.",
+            *(f"layers.{i}." for i in range(borrowed_layers(draft))))
     out = {}
     for name, tensor in draft.state_dict().items():
         if any(s in name for s in skip):
@@ -136,11 +157,13 @@ def load_shared_draft(path: str | Path, target, dtype: torch.dtype):
     except SafetensorError as exc:
         raise ValueError(f"'{weights}' is not a readable safetensors file ({exc})") from None
     token_ids = state.pop("lm_head.token_ids")
-    draft = _shell(target, config.num_hidden_layers, on_meta=True)
+    borrowed = int(spec.get("borrowed_layers", 0))
+    draft = _shell(target, config.num_hidden_layers, borrowed)
     draft.lm_head = SubsetHead(state.pop("lm_head.weight").to(dtype), token_ids, config.vocab_size)
     state = {k: v.to(dtype) for k, v in state.items()}
     missing, unexpected = draft.load_state_dict(state, strict=False, assign=True)
-    missing = [m for m in missing if "embed_tokens" not in m and "lm_head" not in m]
+    shared = ("embed_tokens", "lm_head", *(f"layers.{i}." for i in range(borrowed)))
+    missing = [m for m in missing if not any(s in m for s in shared)]
     if missing or unexpected:
         raise ValueError(f"draft '{path}' does not match its config: missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}")

@@ -52,6 +52,9 @@ class DistillRecipe:
     # (0, 1, 29) and 0.30 for (0, 1, 2); lr 1e-3 beat 3e-4 (0.40 vs 0.35 after 300 steps)
     keep_layers: tuple[int, ...] = (0, 14, 29)
     vocab_subset: int = 8192
+    # > 0: a trained early exit — the first `borrowed_layers` of keep_layers are the target's
+    # own (frozen, not shipped); the rest, the norm and the head are the exit
+    borrowed_layers: int = 0
     # training
     steps: int = 1200
     batch: int = 8
@@ -64,6 +67,11 @@ class DistillRecipe:
 
 
 RECIPE = DistillRecipe()
+# The trained exit for self-speculation (issue 13 item 5): untrained, SmolLM2's exits agree
+# with the full model on 0.03 (layer 4) to 0.33 (layer 24) of tokens; here the target's first
+# 4 layers, then one trained layer (a copy of its last) with its own norm and subset head.
+EXIT_RECIPE = DistillRecipe(keep_layers=(0, 1, 2, 3, 29), borrowed_layers=4)
+RECIPES = {"smollm2-draft": (RECIPE, "draft"), "smollm2-exit": (EXIT_RECIPE, "exit")}
 CHECKPOINT_EVERY = 50
 
 
@@ -159,7 +167,7 @@ def choose_subset(answers: list[dict], vocab_size: int, size: int,
 def make_draft(target, recipe: DistillRecipe, token_ids: torch.Tensor):
     from autospec.models.shared_draft import draft_from_target
     torch.manual_seed(recipe.seed)
-    return draft_from_target(target, list(recipe.keep_layers), token_ids)
+    return draft_from_target(target, list(recipe.keep_layers), token_ids, recipe.borrowed_layers)
 
 
 # -- 4. training ----------------------------------------------------------------------------
@@ -282,11 +290,13 @@ def top1_agreement(draft, rows: list[dict]) -> float:
 
 
 # -- the build ------------------------------------------------------------------------------
-def build(out_dir: Path | None = None, recipe: DistillRecipe = RECIPE, quiet: bool = False,
+def build(out_dir: Path | None = None, preset: str = "smollm2-draft", quiet: bool = False,
           log=print, stage: str = "all",
           threads: int | None = None) -> dict:
-    """stage: "answers" (only the target's answers), "train" (with what answers exist), "all"."""
-    out_dir = Path(out_dir) if out_dir else SMOLLM2_SHIPPED_DIR / "draft"
+    """preset: "smollm2-draft" or "smollm2-exit" (both learn from the same answers);
+    stage: "answers" (only the target's answers), "train" (with what answers exist), "all"."""
+    recipe, shipped_as = RECIPES[preset]
+    out_dir = Path(out_dir) if out_dir else SMOLLM2_SHIPPED_DIR / shipped_as
     work = work_dir()
     work.mkdir(parents=True, exist_ok=True)
     # Beside other work, 1 thread: 2 OpenMP threads on 2 busy cores wait on each other (a
@@ -344,13 +354,18 @@ def write_card(out_dir: Path, target=None) -> dict:
     (out_dir / "card.json").write_text(json.dumps(card, indent=2, default=str) + "\n")
     r, run = card["recipe"], card["training"]
     curve = ", ".join(f"{h['step']}: {h['heldout_top1']:.2f}" for h in run["history"][::4])
-    (out_dir / "README.md").write_text(f"""# SmolLM2-135M-Instruct draft (autospec)
+    borrowed = r.get("borrowed_layers", 0)
+    own = r["keep_layers"][borrowed:]
+    what, preset = ("trained early exit", "smollm2-exit") if borrowed else ("draft", "smollm2-draft")
+    layers = (f"the target's own first {borrowed} decoder layers (borrowed at run time, frozen), "
+              f"then {len(own)} trained" if borrowed else f"{len(own)} decoder")
+    (out_dir / "README.md").write_text(f"""# SmolLM2-135M-Instruct {what} (autospec)
 
-Built by `autospec models build --preset smollm2-draft` (after `autospec models fetch
+Built by `autospec models build --preset {preset}` (after `autospec models fetch
 smollm2`), self-distilled from the fetched target. Apache-2.0, like the target.
 
-- model: Llama, {len(r['keep_layers'])} decoder layers at the target's width, initialised from the
-  target's layers {', '.join(map(str, r['keep_layers']))} and trained; the target's tokenizer, and its input
+- model: Llama, {layers} layers at the target's width, initialised from the
+  target's layers {', '.join(map(str, own))} and trained; the target's tokenizer, and its input
   embedding borrowed at run time (not shipped: `autospec/models/shared_draft.py`); a head over
   the {r['vocab_subset']:,} tokens the target emits most in its answers (FR-Spec), initialised
   from the target's head rows, covering {card['heldout_subset_coverage']:.1%} of held-out answer
