@@ -2,23 +2,31 @@
 
 Losslessness holds for any weights, so these tests need no good model. The tiny pair's weights
 differ from machine to machine (CPU kernels round bf16 training differently, see
-tests/test_reproducible.py): no test may rely on what it says. Tests that need acceptance pin
-it by construction (a draft equal to the target, the synthetic drafter, a counting target);
-tests that need real behaviour (copying) use the shipped reference pair.
+tests/models/test_reproducible.py): no test may rely on what it says. Tests that need acceptance
+pin it by construction (a draft equal to the target, the synthetic drafter, a counting target:
+counting_llama); tests that need real behaviour (copying) use the shipped reference pair.
+
+tests/ mirrors the package's folders (tests/engine, tests/store, ...). pytest's default import
+mode puts this file's folder on sys.path, so a test in any of them imports the helpers here
+(`from conftest import REPO_ROOT`) and the modules beside it (clirun, processes, ...) by name.
 """
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
-from autospec.engine.loop import Engine
+from autospec.engine.loop import Engine, StaticPolicy
 from autospec.models.pair import ModelPair, load_pair
 
 # The models here are small: one thread is faster than two, and leaves a core to the other
 # process of a 2-core machine.
 torch.set_num_threads(1)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # configs/, policies/, README.md
+TEST_DATA = REPO_ROOT / "tests" / "data"
 
 
 @pytest.fixture(scope="session")
@@ -79,6 +87,36 @@ def random_llama(vocab: int, seed: int, scale: float = 1.0, layers: int = 2):
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)  # sharper or flatter next-token distributions
     return model
+
+
+def counting_llama(vocab: int = 12):
+    """A Llama whose greedy next token is (current token + 1) % vocab, by construction: the
+    decoder layers add nothing to the residual (zeroed output projections), the embeddings are
+    one-hot, and the head's row j reads token j - 1. Top-2 logit margin sqrt(hidden) = 4."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    hidden = 16
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=32,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      max_position_embeddings=256, tie_word_embeddings=False,
+                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(vocab, hidden))
+        model.lm_head.weight.copy_(torch.eye(vocab, hidden).roll(1, dims=0))
+    return model
+
+
+KS = [1, 2, 4, 8]  # the draft lengths the lossless tests sweep
+
+
+def plain_and_speculative(engine, prompt, drafter, k, n=24):
+    """Plain greedy output and `drafter`'s at K = k, for the same prompt: they must be equal."""
+    plain = engine.generate(prompt, policy=StaticPolicy(None, 0), max_new_tokens=n)
+    spec = engine.generate(prompt, policy=StaticPolicy(drafter, k), max_new_tokens=n)
+    return plain, spec
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import REPO_ROOT
+
 LAYERS = ["models", "drafters", "engine"]  # each imports only those before it
 # Function-level imports against the layer order, each with its reason; none may be added.
 LAZY_UPWARD = {("models", "drafters"): "ModelPair.available_drafters asks the drafter registry "
@@ -26,8 +27,8 @@ def room_graph(lazy: bool = True) -> dict[str, set[str]]:
     too when `lazy`). A room is a folder of autospec/ or a top-level module; cli/ (the top) and
     training/ are left out, and deprecated shims import lazily (importlib), so they add no edge."""
     edges: dict[str, set[str]] = {}
-    for path in (ROOT / "autospec").rglob("*.py"):
-        parts = path.relative_to(ROOT / "autospec").with_suffix("").parts
+    for path in (REPO_ROOT / "autospec").rglob("*.py"):
+        parts = path.relative_to(REPO_ROOT / "autospec").with_suffix("").parts
         room = parts[0]
         if room in ("cli", "training", "__init__", "__main__"):
             continue
@@ -126,8 +127,9 @@ def graph_of(room: str, lazy: bool = True) -> set[str]:
 def test_per_user_locations_are_declared_only_in_paths():
     """autospec/paths.py owns every per-user location: elsewhere no `~`, no home directory."""
     pattern = re.compile(r"expanduser|Path\.home\(|~/")
-    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for folder in ("autospec", "store", "kernels") for path in (ROOT / folder).rglob("*.py")
-             if path != ROOT / "autospec" / "paths.py"
+    found = [f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
+             for folder in ("autospec", "store", "kernels")
+             for path in (REPO_ROOT / folder).rglob("*.py")
+             if path != REPO_ROOT / "autospec" / "paths.py"
              for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert not found, "use autospec.paths instead:\n" + "\n".join(found)

@@ -1,12 +1,12 @@
 """Methods are parsed once, into values; errors name the method and what is accepted."""
-from pathlib import Path
 
 import pytest
 
 from autospec.controller.factory import make_controller
 from autospec.method import Method, is_adaptive, parse_method, parse_methods
+from conftest import REPO_ROOT
 
-POLICY = Path(__file__).resolve().parents[1] / "policies" / "mixed.yaml"
+POLICY = REPO_ROOT / "policies" / "mixed.yaml"
 
 
 @pytest.mark.parametrize("text, fields", [

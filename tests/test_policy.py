@@ -1,14 +1,14 @@
 """Policy files: validation errors name file, field and what is accepted; the CLI."""
 import dataclasses
-from pathlib import Path
 
 import pytest
 from clirun import error_line, invoke
 
 from autospec.controller.adaptive import ControllerSettings
 from autospec.policy import PolicyError, diff_policies, load_policy, parse_policy
+from conftest import REPO_ROOT
 
-DEFAULT = Path(__file__).resolve().parents[1] / "policies" / "default.yaml"
+DEFAULT = REPO_ROOT / "policies" / "default.yaml"
 
 TUNED = """\
 schema_version: 1
@@ -166,7 +166,7 @@ def test_provenance_values_yaml_would_misread():
 
 def test_readme_knobs_table_is_rendered_from_controller_settings():
     from autospec.policy import knobs_table
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
     assert f"<!-- knobs table: begin -->\n{knobs_table()}\n<!-- knobs table: end -->" in readme
 
 

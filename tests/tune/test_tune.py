@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import optuna
 import pytest
@@ -23,10 +22,10 @@ from autospec.policy import load_policy
 from autospec.tune.controller import build_controller, parameters_for
 from autospec.tune.space import SpaceError, load_space, shipped_space
 from autospec.tune.study import make_storage
+from conftest import REPO_ROOT, TEST_DATA
 
-TRACE = Path(__file__).parent / "data" / "trace-mixed-small.json"
+TRACE = TEST_DATA / "trace-mixed-small.json"
 SMALL = str(shipped_space("small"))
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def tune_cmd(*args) -> list[str]:
@@ -156,7 +155,7 @@ def test_export_validates_differs_from_default_and_changes_replay(tmp_path, env,
     assert result.exit_code == 0, result.output
     assert "| trial | state | tok/s |" in result.output
     policy = load_policy(out)
-    default = load_policy(ROOT / "policies" / "default.yaml")
+    default = load_policy(REPO_ROOT / "policies" / "default.yaml")
     assert policy.parameters != default.parameters
     prov = policy.provenance
     assert prov.study == "exp" and prov.model_pair == "reference" and prov.git_sha and prov.hardware

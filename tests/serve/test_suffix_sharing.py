@@ -2,7 +2,7 @@
 apart (`--tenant-field`), nothing shared (`--no-share`), the request fields' errors, and other
 serving processes through a real daemon (`--share-outputs`).
 
-The target is test_suffix's counting model, whose greedy output is provably a cycle: a short
+The target is conftest's counting_llama, whose greedy output is provably a cycle: a short
 request with no token twice can only draft from an earlier request's output, so its
 `proposed` count says whether it saw one."""
 from __future__ import annotations
@@ -16,9 +16,8 @@ from autospec.engine.loop import Engine
 from autospec.models.pair import ModelPair
 from autospec.serve.client import DaemonClient
 from autospec.serve.server import Server
-from conftest import IdTokenizer
+from conftest import IdTokenizer, counting_llama
 from processes import batch, record, request, start_daemon
-from test_lossless import counting_llama
 
 VOCAB = 12
 

@@ -1,9 +1,9 @@
 """The CLI, driven through click's CliRunner: bad input is one clear line, never a traceback."""
 import json
-from pathlib import Path
 
 import pytest
 from clirun import error_line, invoke
+from conftest import REPO_ROOT
 
 
 def run(*args):
@@ -124,7 +124,7 @@ def test_bench_suffix_history_is_per_method_and_repeat(pair_args, tmp_path):
     assert len(shared_index(engine.models, "bench m1 #0")) > 0
     assert len(shared_index(engine.models, None)) == 0  # the engine's own stayed untouched
     out = tmp_path / "b.json"
-    policy = Path(__file__).resolve().parent.parent / "policies" / "suffix.yaml"
+    policy = REPO_ROOT / "policies" / "suffix.yaml"
     result = run("bench", "--limit", "1", "--max-new-tokens", "12", "--repeats", "2",
                  "--methods", f"plain,static:suffix:4,adaptive:{policy}",
                  "--drafter-option", "suffix.min_confidence=0", "--json", str(out), *pair_args)

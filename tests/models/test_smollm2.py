@@ -4,14 +4,14 @@ A few chat prompts x 32 tokens (plain decoding is ~17 tok/s here): every drafter
 controller give plain greedy decoding's tokens, through the chat template. Skipped, with the
 reason, where the package index cannot be reached.
 """
-from pathlib import Path
 
 import pytest
 
 from autospec.bench.harness import load_prompts, prompt_ids
 from autospec.engine.loop import Engine, StaticPolicy
+from conftest import REPO_ROOT
 
-CHAT = Path(__file__).resolve().parents[1] / "configs" / "workloads" / "chat.jsonl"
+CHAT = REPO_ROOT / "configs" / "workloads" / "chat.jsonl"
 TOKENS = 32
 
 

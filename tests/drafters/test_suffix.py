@@ -1,10 +1,9 @@
 """The suffix drafter: its index against the brute-force definition, eviction, losslessness,
-cross-request sharing (on a target whose output is provably a cycle), sampling exactness,
-privacy (sharing off, tenants) and option errors."""
+cross-request sharing (on a target whose output is provably a cycle), privacy (sharing off,
+tenants) and option errors. Its sampling exactness is in tests/engine/test_sampling.py."""
 import gc
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,12 +15,9 @@ from autospec.drafters.suffix_index import SuffixIndex, suffix_propose
 from autospec.engine.loop import Engine
 from autospec.engine.sampling import SamplingParams
 from autospec.models.pair import ModelPair
-from conftest import IdTokenizer
-from test_lossless import KS, counting_llama, plain_and_speculative
-from test_sampling import engine  # noqa: F401 (its fixture: a 3-token target and draft)
-from test_sampling import test_speculative_sampling_matches_target as sampling_matches_target
+from conftest import KS, REPO_ROOT, IdTokenizer, counting_llama, plain_and_speculative
 
-AGENTIC = Path(__file__).resolve().parents[1] / "configs" / "workloads" / "agentic.jsonl"
+AGENTIC = REPO_ROOT / "configs" / "workloads" / "agentic.jsonl"
 
 # small alphabets and depths, so that matches, ties, leaves and splits all happen
 tokens_of = st.lists(st.integers(0, 3), max_size=24)
@@ -146,7 +142,7 @@ VOCAB = 12
 
 
 def counting_engine(**suffix_options) -> Engine:
-    """The counting target: greedy output is (last token + 1) % 12, forever (test_lossless)."""
+    """The counting target: greedy output is (last token + 1) % 12, forever (conftest.py)."""
     return Engine(ModelPair(counting_llama(VOCAB), IdTokenizer()),
                   drafter_options={"suffix": suffix_options})
 
@@ -233,13 +229,6 @@ def test_engine_finish_hands_over_once_without_eos():
     del request
     gc.collect()
     assert len(shared) == len(segment)  # once
-
-
-# -- sampling --------------------------------------------------------------------------------
-def test_sampling_is_exact_with_suffix(engine):  # noqa: F811 (the imported fixture)
-    """test_sampling's χ² and total-variation check, on its engine, with the suffix drafter
-    drafting from earlier samples' outputs (a small budget: evictions all along)."""
-    sampling_matches_target(Engine(engine.models, {"suffix": {"budget_tokens": 64}}), "suffix")
 
 
 # -- configuration ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from autospec.controller.adaptive import AdaptiveController, ControllerSettings,
 from autospec.drafters.base import Draft
 from autospec.drafters.suffix import SuffixDraft
 from autospec.engine.loop import Engine, StaticController
+from conftest import REPO_ROOT
 
 PROMPT = "def f(x):\n    return x + 1\n\ndef g(x):\n    return x + 1\n\ndef f(x):\n"
 
@@ -72,11 +73,9 @@ def test_the_controller_with_suffix_is_lossless(tiny_engine):
 def test_a_policy_listing_suffix_gets_it_in_bench_and_serve(reference_pair):
     """The controller's `available` is every registered drafter the pair can run, not the
     built-in default list: a policy that opts into suffix must be able to choose it."""
-    from pathlib import Path
-
     from autospec.controller.factory import make_controller
     from autospec.method import parse_method
-    policy = Path(__file__).resolve().parent.parent / "policies" / "suffix.yaml"
+    policy = REPO_ROOT / "policies" / "suffix.yaml"
     controller = make_controller(parse_method(f"adaptive:{policy}"),
                                  reference_pair.runnable_drafters())
     assert "suffix" in controller.drafters

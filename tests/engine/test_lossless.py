@@ -4,23 +4,16 @@ On the freshly trained tiny pair (real tokenizer, real training, poor weights) w
 prompts (hypothesis) and with the shipped workload's prompts; and on a GPT-2-style target.
 """
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autospec.engine.loop import Engine, StaticPolicy
+from autospec.engine.loop import Engine
+from conftest import KS, REPO_ROOT, counting_llama, plain_and_speculative
 
 DRAFTERS = ["ngram", "draft-model", "early-exit", "synthetic"]
-KS = [1, 2, 4, 8]
-WORKLOAD = Path(__file__).resolve().parents[1] / "configs" / "workloads" / "reference.jsonl"
-
-
-def plain_and_speculative(engine, prompt, drafter, k, n=24):
-    plain = engine.generate(prompt, policy=StaticPolicy(None, 0), max_new_tokens=n)
-    spec = engine.generate(prompt, policy=StaticPolicy(drafter, k), max_new_tokens=n)
-    return plain, spec
+WORKLOAD = REPO_ROOT / "configs" / "workloads" / "reference.jsonl"
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
@@ -70,27 +63,6 @@ def test_synthetic_drafter_is_accepted_at_its_alpha(tiny_pair, alpha):
         assert all(s.accepted == s.proposed for s in steps)
     else:  # ~60 steps: 0.5 +- 3 sigma
         assert 0.3 <= first <= 0.7, first
-
-
-def counting_llama(vocab: int = 12):
-    """A Llama whose greedy next token is (current token + 1) % vocab, by construction: the
-    decoder layers add nothing to the residual (zeroed output projections), the embeddings are
-    one-hot, and the head's row j reads token j - 1. Top-2 logit margin sqrt(hidden) = 4."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    hidden = 16
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=32,
-                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                      max_position_embeddings=256, tie_word_embeddings=False,
-                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.model.embed_tokens.weight.copy_(torch.eye(vocab, hidden))
-        model.lm_head.weight.copy_(torch.eye(vocab, hidden).roll(1, dims=0))
-    return model
 
 
 def test_ngram_on_a_target_that_provably_repeats():

@@ -15,6 +15,7 @@ from autospec.cli import main
 from autospec.engine.loop import Engine
 from autospec.models import pairs
 from autospec.models.pair import ModelLoadError, load_pair
+from conftest import TEST_DATA
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):"}]
 
@@ -180,8 +181,7 @@ def test_the_reference_key_is_unchanged(tiny_pair):
 
 
 def test_replay_refuses_a_trace_of_another_pair(tmp_path):
-    from pathlib import Path
-    raw = json.loads((Path(__file__).parent / "data" / "trace-mixed-small.json").read_text())
+    raw = json.loads((TEST_DATA / "trace-mixed-small.json").read_text())
     raw["models"] = {**raw.get("models", {}), "pair": "reference"}
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps(raw))

@@ -8,7 +8,6 @@ import json
 import re
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -17,8 +16,9 @@ from autospec.bench.chat_workloads import (CATEGORIES, MAX_NEW_TOKENS, MAX_PROMP
                                            PER_CATEGORY, build_chat, chat_prompts, complete, edit,
                                            units_of)
 from autospec.models.corpus import SourceFile, default_corpus_dir, is_heldout, iter_sources, split
+from conftest import REPO_ROOT
 
-CHAT = Path(__file__).resolve().parents[1] / "configs" / "workloads" / "chat.jsonl"
+CHAT = REPO_ROOT / "configs" / "workloads" / "chat.jsonl"
 BUILT_ON = (3, 11, 7)  # the Python whose standard library chat.jsonl was built from
 
 

@@ -13,7 +13,6 @@ import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -21,9 +20,10 @@ from aiohttp import web
 from autospec.daemon.app import parse_batch
 from autospec.engine.loop import Engine
 from autospec.serve.server import Server
+from conftest import REPO_ROOT
 from processes import batch, wait_for
 
-WORKLOAD = Path(__file__).resolve().parents[1] / "configs" / "workloads" / "reference.jsonl"
+WORKLOAD = REPO_ROOT / "configs" / "workloads" / "reference.jsonl"
 PROMPTS = [json.loads(line)["prompt"] for line in WORKLOAD.read_text().splitlines()][:8]
 METHODS = ["plain", "static:ngram:4", "static:draft-model:2", "adaptive"]  # row i: METHODS[i % 4]
 NEW = 16

@@ -1,7 +1,6 @@
 """Trace record and replay: exact against live runs, and the controller against closed forms."""
 import hashlib
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.formulas import speedup
 from autospec.controller.trace import Trace, TraceRequest, record, replay
 from autospec.engine.loop import StaticController
+from conftest import REPO_ROOT
 
 PROMPTS = [Prompt("a", "def f(x):\n    return x\n" * 3, "copy"),
            Prompt("b", "import os\nimport sys\n", "code")]
@@ -143,7 +143,7 @@ def test_learner_round_trips_through_store_estimates():
 # -- the decisions on the shipped traces, pinned -----------------------------------------------
 # A refactor must not change one controller decision. Each digest is sha256 over every replayed
 # step's (drafter, k, accepted, emitted), request by request, on configs/traces/*.json.
-SHIPPED_TRACES = sorted((Path(__file__).resolve().parents[1] / "configs" / "traces").glob("*.json"))
+SHIPPED_TRACES = sorted((REPO_ROOT / "configs" / "traces").glob("*.json"))
 PINNED_METHODS = ("plain", "adaptive", "adaptive:policies/default.yaml",
                   "adaptive:policies/mixed.yaml", "ctl:hf-heuristic", "ctl:ema",
                   "ctl:fixed:ngram:3", "static:ngram:4")
@@ -162,14 +162,13 @@ def _replay_digests() -> dict[str, str]:
     from autospec.controller.learned import Learner
     from autospec.controller.policies import make_policy
     from autospec.tune.controller import build_controller, parameters_for
-    root = Path(__file__).resolve().parents[1]
     out = {}
     for path in SHIPPED_TRACES:
         trace = Trace.load(path)
         drafters = tuple(trace.draft_seconds_per_token)
         for method in PINNED_METHODS:
             if method.startswith("adaptive:"):
-                method_path = f"adaptive:{root / method.split(':', 1)[1]}"
+                method_path = f"adaptive:{REPO_ROOT / method.split(':', 1)[1]}"
             else:
                 method_path = method
             out[f"{path.name} {method}"] = _decisions_digest(

@@ -8,7 +8,6 @@ and on the shipped workload's prompts there must be none at all.
 """
 import itertools
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,12 +18,12 @@ from autospec.engine.loop import Engine, StaticController
 from autospec.engine.sampling import SamplingParams
 from autospec.models.pair import ModelPair
 from autospec.telemetry import StepRecord
-from conftest import IdTokenizer, random_llama
+from conftest import REPO_ROOT, IdTokenizer, random_llama
 from scipy_free_stats import chi2_pvalue
 
 NEAR_TIE = 1e-3
 MIX = [(None, 0), ("ngram", 4), ("draft-model", 2)]  # row j drafts with MIX[j % 3]
-WORKLOAD = Path(__file__).resolve().parents[1] / "configs" / "workloads" / "reference.jsonl"
+WORKLOAD = REPO_ROOT / "configs" / "workloads" / "reference.jsonl"
 
 
 class PerRow:

@@ -5,15 +5,15 @@ Known by construction: a request whose output first copies its prompt (n-gram at
 best arm) and then turns to random digits (every n-gram draft is wrong: plain decoding is the
 best arm), replayed under a policy handicapped to always draft one n-gram token.
 """
-from pathlib import Path
 
 import numpy as np
 
 from autospec.bench.trace import Trace, TraceRequest, replay
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.drafters.ngram import ngram_match
+from conftest import REPO_ROOT
 
-TRACES = Path(__file__).resolve().parent.parent / "configs" / "traces"
+TRACES = REPO_ROOT / "configs" / "traces"
 K_MAX = 16
 COPY, RANDOM = 300, 300  # output tokens of each phase
 

@@ -30,6 +30,7 @@ from autospec.kernels import dispatch
 from autospec.kernels.ngram import ngram_match_batch, ngram_match_batch_reference
 from autospec.kernels.verify import (greedy_verify, greedy_verify_reference, rejection_verify,
                                      rejection_verify_reference)
+from conftest import REPO_ROOT
 
 VOCABS = [1000, 4097]          # odd sizes: the last tile is ragged
 BLOCKS = [256, 2048]           # several tiles per row, and one tile wider than the vocabulary
@@ -145,8 +146,12 @@ def run_interpreted(path: str) -> None:
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
     path = tmp_path_factory.mktemp("interpreted") / "results.pt"
+    # as a script its own folder is on sys.path, not tests/ (conftest, scipy_free_stats)
+    pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT / "tests"),
+                                               os.environ.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, __file__, str(path)], capture_output=True, text=True,
-                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": pythonpath},
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(path, weights_only=False)
 

@@ -64,6 +64,13 @@ def test_speculative_sampling_matches_target(engine, drafter):
     assert chi2_pvalue(counts, expected * SAMPLES) > 0.01
 
 
+def test_sampling_is_exact_with_suffix(engine):
+    """The check above with the suffix drafter (tests/drafters/test_suffix.py), drafting from
+    earlier samples' outputs (a small budget: evictions all along)."""
+    suffix = Engine(engine.models, {"suffix": {"budget_tokens": 64}})
+    test_speculative_sampling_matches_target(suffix, "suffix")
+
+
 def test_top_k_top_p_filter_then_renormalise():
     from autospec.engine.sampling import SamplingParams, probs_from_logits
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))

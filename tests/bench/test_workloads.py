@@ -1,10 +1,10 @@
 """The shipped workloads load, have the categories they claim, and keep tuning and judging apart."""
 from collections import Counter
-from pathlib import Path
 
 from autospec.bench.harness import load_prompts
+from conftest import REPO_ROOT
 
-WORKLOADS = Path(__file__).resolve().parents[1] / "configs" / "workloads"
+WORKLOADS = REPO_ROOT / "configs" / "workloads"
 
 
 def test_heldout_workload_is_built_outside_the_standard_library():
