@@ -25,7 +25,7 @@ from autospec.kernels.dispatch import choose_backend, launch_context, resolve_ti
 
 # Searched by `autospec tune` where a GPU is present; the defaults are what runs untuned.
 # Every launch passes enable_fp_fusion=False: no a*b+c contracted into an FMA, so the kernels
-# round exactly as the torch references do (the PTX check in tests/test_kernels.py).
+# round exactly as the torch references do (the PTX check in tests/kernels/test_kernels.py).
 GREEDY_TILING_SPACE = {"BLOCK_V": [256, 512, 1024, 2048], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3]}
 GREEDY_DEFAULT_TILING = {"BLOCK_V": 1024, "num_warps": 4, "num_stages": 2}
 REJECTION_TILING_SPACE = {"BLOCK_V": [256, 512, 1024, 2048], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3]}

@@ -24,7 +24,7 @@ def greedy_accept(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple
 def fused_greedy_accept(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
     """greedy_accept through autospec.kernels.greedy_verify: the fused Triton kernel on CUDA
     (one launch, no (k+1, V) argmax materialised on the host), its torch reference elsewhere.
-    Same result as greedy_accept, exactly (tests/test_kernels.py, tests/test_accept.py)."""
+    Same result as greedy_accept, exactly (tests/kernels/test_kernels.py, tests/engine/test_accept.py)."""
     if not draft_tokens:
         return greedy_accept(draft_tokens, target_logits)
     from autospec.kernels.verify import greedy_verify  # imports triton: only when used
