@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from autospec.training.distill import (RECIPE, choose_subset, distill_loss, make_batch,
+from autospec.training.distill import (RECIPE, choose_subset, distill_loss,
+                                       generate_prompt_targets, load_answers, make_batch,
                                        make_draft, subset_coverage, top1_agreement, train_draft)
 from conftest import random_llama
 
@@ -89,3 +90,29 @@ def test_training_resumes_from_its_checkpoint(target, tmp_path):
     for a, b in zip(first.state_dict().values(), again.state_dict().values()):
         assert torch.equal(a, b)
     assert 0.0 <= top1_agreement(again, data[:2]) <= 1.0
+
+
+def test_prompt_targets_are_the_targets_top_k_whatever_the_padding(target, tmp_path):
+    """Teacher-forced over right-padded groups: each prompt position's top-k equals the
+    target's on that prompt alone (causal attention keeps the padding out)."""
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    data = rows(3)
+    data[1]["prompt"] = data[1]["prompt"][:3]  # shorter: padded in its group
+    torch.save(data, answers / "shard-00000.pt")
+    generate_prompt_targets(target, answers, tmp_path / "prompt-targets", RECIPE_TINY,
+                            quiet=True, rows_per_forward=3)
+    loaded = load_answers(answers)
+    for row in loaded:
+        with torch.no_grad():
+            alone = torch.softmax(target(torch.tensor([row["prompt"]])).logits[0, :-1], -1)
+        top = torch.topk(alone, RECIPE_TINY.top_k, -1)
+        assert torch.equal(row["prompt_top_ids"], top.indices.int())
+        assert torch.allclose(row["prompt_top_probs"].float(), top.values, atol=1e-3)
+    # with them, a prompt position learns the target's argmax there, not the text's next token
+    batch = make_batch(loaded, RECIPE_TINY, np.random.default_rng(0))
+    term = batch["prompt"]
+    for i, t, want in zip(term["rows"], term["pos"], term["next"]):
+        assert int(want) == int(loaded[int(i)]["prompt_top_ids"][int(t), 0])
+    loss, _ = distill_loss(make_draft(target, RECIPE_TINY, EVERY_TOKEN), batch, RECIPE_TINY)
+    assert torch.isfinite(loss.detach())
