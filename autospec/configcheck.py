@@ -2,7 +2,7 @@
 
 Every problem is one `ConfigError`, one line: `FILE: FIELD.PATH: problem (what is accepted)`.
 A setting's type, range, default and meaning are declared once, as a `Knob` in the metadata
-of its dataclass field (see controller/adaptive.py, ControllerSettings); `Knob.check` is the
+of its dataclass field (see controller/settings.py, ControllerSettings); `Knob.check` is the
 validator both file formats use, so a search space can never propose a value a policy file
 would refuse.
 """

@@ -15,7 +15,7 @@ hand-written file may say just what it changes. Unknown fields are errors, and e
 names the file, the field path and what is accepted (`ConfigError`, alias `PolicyError`).
 
 Which fields exist, their types, ranges and defaults are not written here: they are
-ControllerSettings' tunable knobs (controller/adaptive.py), and a policy resolves to
+ControllerSettings' tunable knobs (controller/settings.py), and a policy resolves to
 ControllerSettings — the base, and one per listed workload.
 """
 from __future__ import annotations

@@ -1,0 +1,59 @@
+"""What the adaptive controller keeps per request (estimates, the drafter in use, look-ups
+seen at decide) and how a look-up drafter's proposal is scored against what the target emitted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autospec.controller.estimates import AcceptanceEstimate
+from autospec.controller.floor import RequestFloor
+from autospec.drafters.ngram import NgramIndex
+from autospec.engine.accept import agreeing_prefix
+
+
+def confidence_bucket(draft) -> str | None:
+    """"c0" / "c1" / "c2": the first drafted token's confidence below 0.5, below 0.9, above;
+    None for a draft without confidences (or an empty one)."""
+    confidences = getattr(draft, "confidences", None)
+    if not confidences:
+        return None
+    first = confidences[0]
+    return "c0" if first < 0.5 else "c1" if first < 0.9 else "c2"
+
+
+@dataclass
+class _RequestState:
+    """Per request: discounted estimates per drafter. Acceptance is bursty — a model copying
+    its prompt, or looping, accepts whole drafts many steps in a row, then stops — so besides
+    the estimate over all of a drafter's steps (hot = False) there is one over the steps that
+    follow a fully accepted draft (hot = True), used right after one. A run of full accepts
+    drives K up the way transformers' +2/-1 heuristic does, with K still chosen by expected
+    tokens per second; where acceptance is not bursty both converge to the same rates."""
+    acceptance: dict[tuple[str, bool], AcceptanceEstimate]  # (drafter, hot) -> estimate
+    hot: dict[str, bool] = field(default_factory=dict)  # drafter -> last draft fully accepted
+    current: int | None = None  # decide_step's drafter index last chosen (PLAIN = none)
+    used: set = field(default_factory=set)  # drafters that have run in this request
+    ngram: NgramIndex | None = None  # the request's context, indexed for counterfactuals
+    proposal: tuple[int, list[int]] = (-1, [])  # (context length, n-gram proposal) at decide
+    fast_left: int = 0  # steps left before the next full decision
+    # drafter -> the confidence bucket of its proposal this step (look-up drafters whose
+    # drafts carry confidences: the suffix drafter); its estimates are kept per bucket
+    bucket: dict[str, str] = field(default_factory=dict)
+    lengths: dict[str, int] = field(default_factory=dict)  # look-up proposals' lengths at decide
+    looked: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # peeked drafter ->
+    # (context length, its proposal) at decide, scored counterfactually when another ran
+    # (2, D, k_max): the workload's pooled evidence the drafter-choice draws add (explore_pooled)
+    pooled: np.ndarray | None = None
+    floor: RequestFloor | None = None  # the floor's fixed arms, replayed through this request
+
+
+def _score(proposal: list[int], verified: list[int]) -> tuple[int, int]:
+    """(proposed, accepted) a proposal would have scored against the tokens the target emitted.
+    Only those are known; a proposal longer than they are is censored there (positions past
+    it are left unobserved)."""
+    matched = agreeing_prefix(proposal, verified)
+    if matched == len(verified):  # censored: everything we can check was right
+        return matched, matched
+    return len(proposal), matched

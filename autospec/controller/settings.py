@@ -1,0 +1,104 @@
+"""The controller's settings: every knob declared once (ControllerSettings).
+
+The policy file's schema (policy.py), the search space's kinds and bounds (tune/space.py) and
+README's knob table are derived from these fields; the controller (adaptive.py) reads them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from autospec.configcheck import knob
+from autospec.controller.estimates import DEFAULT_PRIOR_MEAN
+from autospec.drafters.base import DEFAULT_DRAFTERS, check_drafters, drafter_class
+
+K_LIMIT = 64  # past this a draft costs more to verify than any acceptance rate repays
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """Every knob of the controller, declared once: type, range, default, whether a policy
+    file may set it (and `tune` search it) and what it means, in each field's `Knob`. The
+    policy file's schema, the search space's kinds and bounds and README's table are derived
+    from these fields (policy.py, tune/space.py); a new knob is one field here."""
+    drafters: tuple[str, ...] = knob(
+        DEFAULT_DRAFTERS, "drafters the controller may pick (plain decoding is always an option)",
+        "drafters", section="", check_value=check_drafters)
+    k_min: int = knob(1, "smallest K whenever a drafter runs (K = 0, plain, stays legal)",
+                      "int", low=1, high=K_LIMIT, section="")
+    # n-gram on repetitive text pays up to ~16 (hf-heuristic caps there too)
+    k_max: int = knob(16, "largest K (draft length) the controller considers", "int",
+                      low=1, high=K_LIMIT, section="")
+    # ~33 steps of memory
+    discount: float = knob(0.97, "per-request evidence decay per step", "float",
+                           low=0, high=1, low_open=True)
+    prior_strength: float = knob(
+        4.0, "pseudo-observations a workload's pooled estimate is worth per position", "float",
+        low=0)
+    prior_discount: float = knob(0.995, "decay per step of the pooled per-workload estimates",
+                                 "float", low=0, high=1, low_open=True)
+    # a switch re-prefills a cache, and near-equal options must not thrash
+    hysteresis: float = knob(0.05, "keep the current drafter unless the best is this fraction "
+                                   "faster", "float", low=0, high=1)
+    thompson: bool = knob(True, "Thompson sampling on the drafter choice (else posterior means)",
+                          "bool")
+    counterfactual: bool = knob(True, "score what n-gram would have proposed when another "
+                                      "drafter ran", "bool")
+    ngram_n: tuple[int, int] = knob((1, 4), "n-gram lengths prompt lookup matches, [n_min, n_max]",
+                                    "int-range")
+    seed: int = knob(0, "Thompson sampling's random seed", "int", low=0, tunable=False)
+    regimes: bool = knob(True, "keep separate estimates for the steps right after a fully "
+                               "accepted draft (acceptance is bursty)", "bool")
+    # no lock-in (issue 14): see CostModel
+    cost_warmup: bool = knob(False, "keep the first forward of each size out of the verify-cost "
+                                    "fit (allocation, not cost)", "bool")
+    # 64: the lock-in test recovers in ~110 steps; replay tokens/s on both shipped traces
+    # unchanged (it never fires where the controller drafts). cost_warmup stays off: alone it
+    # does not undo a lock-in, and it cost 1.5-2 % in replay (no live A/B yet)
+    cost_stale_steps: int = knob(64, "forwards without a drafted one after which the verify "
+                                    "line's slope is trusted less, reaching the flat prior after "
+                                    "as many again (0: never)", "int", low=0, high=1024)
+    # issue 14: the floor makes the controller at worst ~margin behind the best fixed n-gram K
+    floor: bool = knob(True, "follow a fixed n-gram K (4, 8, k_max) or plain decoding while it "
+                             "beats the controller's own measured rate by floor_margin "
+                             "(controller/floor.py)", "bool")
+    floor_margin: float = knob(0.05, "how far the controller may trail the best fixed arm "
+                                     "before the floor takes over", "float", low=0, high=1)
+    # decide + update must stay <= 1 % of a step (issue 14). Reusing the drafter between full
+    # decisions (only K re-chosen, from the means) cost 1-5 % of replayed tokens/s on the
+    # shipped traces at 4 and saved little (one rate-table row costs about what six do), so
+    # the default decides in full every step; the knob stays for very short steps
+    redecide_every: int = knob(1, "steps between full drafter decisions; in between only K is "
+                                  "re-chosen for the drafter in use", "int", low=1, high=64)
+    # issue 16: the suffix drafter's counts as evidence (shown with and without in README)
+    confidence_buckets: bool = knob(True, "keep a look-up drafter's acceptance per confidence "
+                                          "bucket of its proposal (suffix: < 0.5, < 0.9, above)",
+                                    "bool")
+    # issue 14, "K for bursts": how long the suffix that matched is, is evidence too
+    match_regimes: bool = knob(False, "keep n-gram's acceptance per length of the matched "
+                                     "suffix (and hot / cold), not over all its steps",
+                               "bool")
+    # issue 14: on held-out prompts 20 % of steps went to draft-model / early-exit draws that
+    # the workload had long shown not to pay (a request's own posterior starts wide)
+    explore_pooled: float = knob(32.0, "observations of the workload's pooled evidence (at most) "
+                                       "added to a request's posterior for the drafter-choice "
+                                       "draws: a drafter the workload has shown not to pay is "
+                                       "rarely re-explored (0: the request's posterior alone)",
+                                 "float", low=0, high=1024)
+    # 0 and 1 would be certainties: a Beta prior with that mean cannot be moved by evidence
+    prior_means: Mapping[str, float] = knob(
+        dict, f"acceptance mean per drafter before any evidence (unset: {DEFAULT_PRIOR_MEAN})",
+        "float", low=0, high=1, low_open=True, high_open=True, section="priors")
+
+    def __post_init__(self):
+        if self.k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {self.k_max}")
+        if not 1 <= self.k_min <= self.k_max:
+            raise ValueError(f"k_min must be in [1, k_max = {self.k_max}], got {self.k_min}")
+        for name in self.drafters:
+            drafter_class(name)  # unknown names fail here, with the list of known ones
+        # frozen all the way down: a resolved policy's parameters cannot be edited in place
+        object.__setattr__(self, "drafters", tuple(self.drafters))
+        object.__setattr__(self, "ngram_n", tuple(self.ngram_n))
+        object.__setattr__(self, "prior_means", MappingProxyType(dict(self.prior_means)))
