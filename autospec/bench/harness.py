@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from autospec.bench.methods import DERIVED, RunResult, make_runner
+from autospec.bench.methods import RunResult, make_runner
 from autospec.controller.formulas import speedup
 from autospec.engine.loop import Engine
 from autospec.method import Method, parse_method
@@ -96,6 +96,7 @@ class Cell:
     accepted: int = 0
     steps: int = 0
     controller_s: float = 0.0  # the controller's decide + update (our methods only)
+    bytes_moved: int = 0  # weights + KV the steps read, by the telemetry (our methods only)
 
     def add(self, r: RunResult) -> None:
         self.tokens += len(r.token_ids)
@@ -104,6 +105,7 @@ class Cell:
         self.accepted += r.accepted
         self.steps += r.steps
         self.controller_s += sum(s.controller_seconds for s in r.step_records or ())
+        self.bytes_moved += sum(s.bytes_moved for s in r.step_records or ())
 
 
 @dataclass
@@ -213,6 +215,9 @@ def cell_stats(cells: list[Cell], same: bool | None) -> dict:
         "speedup_vs_plain": None,
         # decide + update as a share of wall time (0 for fixed policies and hf: peers)
         "controller_share": sum(c.controller_s for c in cells) / max(1e-12, sum(c.wall_s for c in cells)),
+        # bytes read over the whole wall time (prefill, sampling and Python included): what
+        # decoding achieved, not what the forwards alone did
+        "bandwidth_gbs": sum(c.bytes_moved for c in cells) / max(1e-12, sum(c.wall_s for c in cells)) / 1e9,
     }
 
 
@@ -225,6 +230,7 @@ def _merge(cells: list[Cell]) -> Cell:
         out.accepted += c.accepted
         out.steps += c.steps
         out.controller_s += c.controller_s
+        out.bytes_moved += c.bytes_moved
     return out
 
 
@@ -387,52 +393,3 @@ def _machine() -> dict:
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "cuda": torch.cuda.is_available(),
             "peak_bandwidth_gbs": peak_bandwidth_gbs()}
-
-
-def format_table(report: dict) -> str:
-    """Markdown: tokens/s and speedup per category and overall, identical_to_plain."""
-    cats = report["settings"]["categories"]
-    head = "| method | " + " | ".join(f"{c} tok/s (x plain)" for c in cats) + \
-           " | overall tok/s (x plain) | accept | identical |"
-    lines = [head, "|" + "---|" * (len(cats) + 4)]
-    for name, stats in report["methods"].items():
-        cells = [_fmt(stats["by_category"][c]) for c in cats] + [_fmt(stats[OVERALL])]
-        acc = stats[OVERALL].get("acceptance_rate")
-        same = stats[OVERALL].get("identical_to_plain")
-        picked = stats.get("picked")
-        label = f"{name} ({picked})" if isinstance(picked, str) else name
-        lines.append(f"| {label} | " + " | ".join(cells) +
-                     f" | {'' if acc is None else f'{acc:.2f}'} | {'' if same is None else same} |")
-    for name, stats in report["methods"].items():
-        choices = stats.get("choices")
-        if choices:
-            top = {what: ", ".join(f"{key} {v:.0%}" for key, v in list(shares.items())[:5])
-                   for what, shares in choices.items()}
-            lines += ["", f"{name} chose drafters {top['drafters']}; K {top['k']}"]
-    shares = [f"{name} {stats[OVERALL]['controller_share']:.1%}" for name, stats in report["methods"].items()
-              if stats[OVERALL].get("controller_share", 0) > 0.001]
-    if shares:
-        lines += ["", "controller decide + update, share of wall time: " + ", ".join(shares)]
-    theory = report.get("theoretical") or {}
-    if theory:
-        lines += ["", "theoretical S(K*) from this run's alpha, c, v(K): " + ", ".join(
-            f"{c} {t['speedup']:.2f}x ({t['drafter']}:{t['k']})" for c, t in sorted(theory.items()))]
-        predicted = report.get("predicted_static") or {}
-        if predicted:
-            ratios = [cell["measured"] / cell["predicted"] for per_cat in predicted.values()
-                      for cell in per_cat.values() if cell["predicted"] > 0]
-            lines.append(f"static methods, measured / predicted by the same formula: "
-                         f"{min(ratios):.2f}..{max(ratios):.2f} (median "
-                         f"{statistics.median(ratios):.2f}; per-step overhead charged: "
-                         f"{report['measured_static'].get('overhead', 0):.3f} plain steps)")
-        for name, stats in report["methods"].items():
-            if name.startswith("adaptive") or name in DERIVED:
-                lines.append(f"{name} achieved / theoretical: " + ", ".join(
-                    f"{c} {stats['by_category'][c]['speedup_vs_plain'] / t['speedup']:.2f}"
-                    for c, t in sorted(theory.items()) if c in stats["by_category"]))
-    return "\n".join(lines)
-
-
-def _fmt(s: dict) -> str:
-    sp = s.get("speedup_vs_plain")
-    return f"{s['tokens_per_s']:.1f} ({sp:.2f}x)" if sp else f"{s['tokens_per_s']:.1f}"

@@ -64,7 +64,8 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
           record_path, record_k_max, concurrency, plot_path, pair, target, draft, dtype,
           drafter_options):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
-    from autospec.bench.harness import format_table, load_prompts, run_bench
+    from autospec.bench.harness import load_prompts, run_bench
+    from autospec.bench.table import format_table
     from autospec.method import parse_methods
     from autospec.models.pairs import DEFAULT_PAIR, named_pair
     check_pair_args(pair, target, draft)

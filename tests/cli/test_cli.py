@@ -76,6 +76,10 @@ def test_bench_json_shape(pair_args, tmp_path):
     assert report["methods"]["oracle"]["picked"].startswith("static:")
     assert set(report["methods"]["oracle-per-category"]["picked"]) == {"completion", "copy-heavy", "prose"}
     assert report["methods"]["plain"]["overall"]["speedup_vs_plain"] == pytest.approx(1.0)
+    # bandwidth from the telemetry's bytes: ours read weights, the hf: peers report none
+    assert report["methods"]["plain"]["overall"]["bandwidth_gbs"] > 0
+    assert report["methods"]["hf:generate"]["overall"]["bandwidth_gbs"] == 0
+    assert "of this machine's measured copy peak" in result.output
 
 
 @pytest.mark.parametrize("methods, message", [

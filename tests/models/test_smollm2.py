@@ -42,6 +42,19 @@ def test_chat_template_is_applied(engine, prompts):
     assert engine.models.key == "smollm2"
 
 
+def test_the_shipped_draft_and_exit_are_wired_to_the_fetched_target(engine):
+    """Both ship in the package without the tensors they borrow from the target."""
+    from autospec.models.shared_draft import SubsetHead
+    models = engine.models
+    assert models.draft is not None and models.exit_model is not None
+    for model in (models.draft, models.exit_model):
+        assert model.get_input_embeddings() is models.target.get_input_embeddings()
+        assert isinstance(model.lm_head, SubsetHead)
+    assert models.default_exit_layer == 4
+    assert models.early_exit_view(4) is models.exit_model
+    assert models.exit_model.model.layers[0] is models.target.model.layers[0]
+
+
 def test_every_method_is_identical_to_plain(engine, prompts):
     from autospec.controller.adaptive import AdaptiveController
     methods = [("ngram", 4), ("early-exit", 2)]
