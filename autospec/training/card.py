@@ -29,15 +29,16 @@ def write_card(out_dir: Path, target=None) -> dict:
     what, preset = ("trained early exit", "smollm2-exit") if borrowed else ("draft", "smollm2-draft")
     prompt_term = ("the same loss against the target's top-k there (teacher-forced)"
                    if card.get("prompt_targets") else "CE on the prompt's own next token")
-    layers = (f"the target's own first {borrowed} decoder layers (borrowed at run time, frozen), "
-              f"then {len(own)} trained" if borrowed else f"{len(own)} decoder")
+    layers = (f"the target's own first {borrowed} decoder layers (borrowed at run time,\n  frozen), "
+              f"then {len(own)} trained decoder" if borrowed else f"{len(own)} decoder")
+    plural = "s" if len(own) > 1 else ""
     (out_dir / "README.md").write_text(f"""# SmolLM2-135M-Instruct {what} (autospec)
 
 Built by `autospec models build --preset {preset}` (after `autospec models fetch
 smollm2`), self-distilled from the fetched target. Apache-2.0, like the target.
 
-- model: Llama, {layers} layers at the target's width, initialised from the
-  target's layers {', '.join(map(str, own))} and trained; the target's tokenizer, and its input
+- model: Llama, {layers} layer{plural} at the target's width, initialised from the
+  target's layer{plural} {', '.join(map(str, own))} and trained; the target's tokenizer, and its input
   embedding borrowed at run time (not shipped: `autospec/models/shared_draft.py`); a head over
   the {r['vocab_subset']:,} tokens the target emits most in its answers (FR-Spec), initialised
   from the target's head rows, covering {card['heldout_subset_coverage']:.1%} of held-out answer
