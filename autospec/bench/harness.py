@@ -382,9 +382,15 @@ def _models(engine: Engine) -> dict:
     m = engine.models
     return {"target": m.target_name, "draft": m.draft_name,
             "target_params": sum(p.numel() for p in m.target.parameters()),
-            "draft_params": sum(p.numel() for p in m.draft.parameters()) if m.draft else None,
+            "draft_params": own_params(m.draft, m.target) if m.draft else None,
             "dtype": str(next(m.target.parameters()).dtype).replace("torch.", ""),
             "exit_layer": m.default_exit_layer}
+
+
+def own_params(model, target) -> int:
+    """Parameters of `model` that are not the target's (a shared draft borrows some)."""
+    shared = {id(p) for p in target.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in shared)
 
 
 def _machine() -> dict:

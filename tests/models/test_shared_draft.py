@@ -145,3 +145,10 @@ def test_load_pair_takes_a_trained_exit_and_refuses_a_plain_model_dir(tiny_dir, 
     assert loaded.exit_model.model.layers[0] is loaded.target.model.layers[0]
     with pytest.raises(ModelLoadError, match="not a draft made for a target"):
         load_pair(str(tiny_dir / "target"), None, exit=str(tiny_dir / "draft"))
+
+
+def test_the_bench_counts_a_shared_drafts_own_parameters_only(target):
+    from autospec.bench.harness import own_params
+    draft = draft_from_target(target, [1], torch.arange(8))
+    assert own_params(draft, target) == sum(t.numel() for n, t in own_state(draft).items()
+                                            if not n.endswith("token_ids"))
