@@ -30,9 +30,8 @@ from autospec.controller.decide import PLAIN, decide_step, k_for
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
 from autospec.controller.floor import PLAIN_ARM, FloorState, RequestFloor
 from autospec.controller.request_state import _RequestState, _score, confidence_bucket
-# ControllerSettings, K_LIMIT and DEFAULT_DRAFTERS are imported from here by callers
-from autospec.controller.settings import K_LIMIT, ControllerSettings  # noqa: F401
-from autospec.drafters.base import DEFAULT_DRAFTERS, drafter_class  # noqa: F401
+from autospec.controller.settings import ControllerSettings
+from autospec.drafters.base import drafter_class
 from autospec.drafters.ngram import NgramIndex
 from autospec.telemetry import POOLED, UNLABELLED, StepRecord
 

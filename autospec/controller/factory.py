@@ -3,7 +3,8 @@ Takes the parsed value only, so the controller room never imports method.py (whi
 policy.py, which imports the controller)."""
 from __future__ import annotations
 
-from autospec.controller.adaptive import DEFAULT_DRAFTERS, AdaptiveController, ControllerSettings
+from autospec.controller.adaptive import AdaptiveController, ControllerSettings
+from autospec.drafters.base import DEFAULT_DRAFTERS
 from autospec.controller.baselines import (DEFAULT_BATCH_TABLE, BatchTableController, EMAController,
                                            HFHeuristicController)
 from autospec.engine.loop import Controller, StaticController

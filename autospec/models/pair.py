@@ -48,7 +48,11 @@ class ModelPair:
     # a trained early exit (models/shared_draft.py: the target's first L layers + a trained
     # exit); the early-exit drafter at its depth L runs it instead of the bare view
     exit_model: nn.Module | None = None
-    _exit_views: dict = field(default_factory=dict, repr=False)
+    _exit_views: dict = field(default_factory=dict, repr=False)  # depth -> early-exit model
+
+    def __post_init__(self):
+        if self.exit_model is not None:  # at its depth, the trained exit is the view
+            self._exit_views[borrowed_layers(self.exit_model)] = self.exit_model
 
     @property
     def key(self) -> str:
@@ -91,8 +95,6 @@ class ModelPair:
     def early_exit_view(self, layer: int) -> nn.Module:
         """The target's first `layer` decoder layers + its final norm and head, weights shared;
         at the trained exit's depth, the trained exit."""
-        if self.exit_model is not None and layer == borrowed_layers(self.exit_model):
-            return self.exit_model
         if layer not in self._exit_views:
             self._exit_views[layer] = early_exit_view(self.target, layer)
         return self._exit_views[layer]
