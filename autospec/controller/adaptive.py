@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autospec.controller.batch import BatchCost, batch_ks
-from autospec.controller.decide import PLAIN, decide_step, k_for
+from autospec.controller.decide import PLAIN, choose_drafter, k_for
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
 from autospec.controller.floor import PLAIN_ARM, FloorState, RequestFloor
 from autospec.controller.request_state import _RequestState, _score, confidence_bucket
 from autospec.controller.settings import ControllerSettings
+from autospec.controller.thompson import GaussianThompson
 from autospec.drafters.base import drafter_class
 from autospec.drafters.ngram import NgramIndex
 from autospec.telemetry import POOLED, UNLABELLED, StepRecord
@@ -59,6 +60,7 @@ class AdaptiveController:
         self._pending: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
         self.hints = {d: drafter_class(d).cost_hint for d in self.drafters}
         self.rng = np.random.default_rng(s.seed)
+        self.thompson = GaussianThompson(self.rng)
         self._requests: dict[str, _RequestState] = {}
         # the floor: per workload, the fixed arms' and the controller's own rates
         self.floors: dict[str, FloorState] = {}
@@ -100,11 +102,13 @@ class AdaptiveController:
         if state is None:
             s = self.settings
             prior = self._prior(request.workload)
-            acceptance = {(d, hot): AcceptanceEstimate(s.k_max, prior[d].mean(), s.prior_strength,
+            acceptance = {(d, hot): AcceptanceEstimate(s.k_max, prior[d].mean_list(), s.prior_strength,
                                                        s.discount)
                           for d in self.drafters for hot in (False, True)}
             state = self._requests[request.request_id] = _RequestState(
                 acceptance, ngram=NgramIndex(*s.ngram_n), pooled=self._pooled_evidence(prior))
+            for (drafter, _), estimate in acceptance.items():
+                estimate.explore = self._explore(state, drafter)
         return state
 
     def warm_start(self, snapshot: dict, only_if_richer: bool = True) -> int:
@@ -160,6 +164,8 @@ class AdaptiveController:
         if self.use_floor and self._rows == 1:  # the floor's arms are priced at batch 1
             if state.floor is None:
                 state.floor = RequestFloor(self.floor_ks, len(request.tokens))
+            elif state.floor_pending is not None:
+                self._replay_floor(state, request)
             arm = state.floor.choice()
             if arm is not None:
                 state.current = PLAIN if arm == PLAIN_ARM else names.index(arm[0])
@@ -177,41 +183,36 @@ class AdaptiveController:
         every = self.settings.redecide_every if self._rows == 1 else max(BATCH_REDECIDE,
                                                                         self.settings.redecide_every)
         state.fast_left = every - 1
-        # (D, k_max) Beta parameters of each drafter's per-position acceptance
-        ab = np.stack([x for d in names for x in self._estimate(state, d).beta()])
-        a, b = ab[0::2], ab[1::2]
-        means = a / (a + b)
+        # each drafter's per-position Beta parameters, in Python floats (decide.py says why)
+        estimates = [self._estimate(state, d) for d in names]
+        # positions each can draft: a look-up's proposal length (none at all: no option)
+        k_max = self.settings.k_max
+        limits = [min(lengths.get(d, k_max), k_max) for d in names]
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
-        if not self.settings.thompson:
-            draws = means
-        elif state.pooled is None:
-            draws = self.rng.beta(a, b)
-        else:  # Thompson over the request's posterior and (some of) the workload's evidence
-            draws = self.rng.beta(a + state.pooled[0], b + state.pooled[1])
-        for drafter, available in lengths.items():
-            # positions past a look-up's proposal cannot be drafted (and with no proposal at
-            # all that drafter is no option this step)
-            if available < means.shape[1]:
-                i = names.index(drafter)
-                means[i, available:] = 0.0  # means and draws are this step's own arrays
-                if draws is not means:
-                    draws[i, available:] = 0.0
-        draft_s = np.array([self.costs.draft_seconds(d, self.hints[d]) for d in names])
+        if self.settings.thompson:
+            draws = self.thompson.draws(estimates, limits)
+        else:
+            draws = [e.mean_list() for e in estimates]
+        hints = self.hints
+        draft_s = [self.costs.draft_seconds(d, hints[d]) for d in names]
         # a drafter not yet run in this request first prefills its cache with the whole
         # context: charge that, spread over the rounds a switch would serve
         context = len(request.tokens)
-        switch_s = np.array([0.0 if d in state.used else
-                             self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names])
-        current = state.current
-        index, k = decide_step(draws, means, draft_s, self.costs.verify_seconds(),
-                               self.settings.k_max,
-                               current,
+        switch_s = [0.0 if d in state.used else
+                    self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
+        verify = self.costs.verify_list()
+        index = choose_drafter(draws, draft_s, verify, limits, state.current,
                                self.settings.hysteresis, switch_s)
-        drafter = None if index == PLAIN else names[index]
-        if drafter is not None:
-            k = max(k, self.settings.k_min)
         state.current = index
-        return drafter, k
+        if index == PLAIN:
+            return None, 0
+        # K for the winner from its posterior means: changing K costs nothing, so exploration
+        # noise buys nothing there
+        k = k_for(estimates[index].mean_list()[:limits[index]], draft_s[index], verify, k_max)
+        if k == 0:
+            state.current = PLAIN  # no K of the winner beats plain decoding under the means
+            return None, 0
+        return names[index], max(k, self.settings.k_min)
 
     def _lookup(self, state: _RequestState, request) -> list[int]:
         """n-gram's proposal now. Through the engine (`request.peek`) where the request's n-gram
@@ -245,14 +246,23 @@ class AdaptiveController:
         if state.current == PLAIN:
             return None, 0
         drafter = self.drafters[state.current]
-        means = self._estimate(state, drafter).mean()
-        available = lengths.get(drafter, len(means))
-        if available < len(means):
-            means = means.copy()
-            means[available:] = 0.0
+        means = self._estimate(state, drafter).mean_list()
+        means = means[:lengths.get(drafter, len(means))]
         k = k_for(means, self.costs.draft_seconds(drafter, self.hints[drafter]),
-                  self.costs.verify_seconds(), self.settings.k_max)
+                  self.costs.verify_list(), self.settings.k_max)
         return (drafter, max(k, self.settings.k_min)) if k else (None, 0)
+
+    def _replay_floor(self, state: _RequestState, request) -> None:
+        """The floor's view of the last step (update left it pending): its arms replayed as
+        far as the tokens decide them, on the request's n-gram index (synced at this decide's
+        look-up)."""
+        emitted, seconds = state.floor_pending
+        state.floor_pending = None
+        state.ngram.sync(request.tokens)  # nothing left to index where the look-up shared it
+        state.floor.observe(request.tokens, emitted, seconds, state.ngram,
+                            self.costs.verify_list(),
+                            self.costs.draft_seconds("ngram", self.hints["ngram"]),
+                            self._floor(request.workload), self.settings.floor_margin)
 
     def _floor(self, workload: str | None) -> FloorState:
         key = workload or UNLABELLED
@@ -266,20 +276,29 @@ class AdaptiveController:
         """Steps on which the floor chose, over all workloads."""
         return sum(f.followed for f in self.floors.values())
 
-    def _pooled_evidence(self, prior: dict[str, AcceptanceEstimate]) -> np.ndarray | None:
-        """(2, D, k_max) accepted / rejected counts of the workload's pooled estimates, each
-        drafter's scaled to at most `explore_pooled` observations (at its best-seen position)."""
+    def _pooled_evidence(self, prior: dict[str, AcceptanceEstimate]) -> list | None:
+        """[accepted, rejected], each D lists of k_max floats: the workload's pooled counts,
+        each drafter's scaled to at most `explore_pooled` observations (at its best-seen
+        position)."""
         cap = self.settings.explore_pooled
         if not cap:
             return None
-        out = np.zeros((2, len(self.drafters), self.settings.k_max))
-        for i, drafter in enumerate(self.drafters):
-            estimate = prior[drafter]
-            seen = float(estimate.observations().max())
-            if seen > 0:
-                scale = min(1.0, cap / seen)
-                out[0, i], out[1, i] = estimate.ev_a * scale, estimate.ev_b * scale
-        return out
+        k_max = self.settings.k_max
+        accepted, rejected = [], []
+        for drafter in self.drafters:
+            ev_a, ev_b = prior[drafter].evidence_lists()
+            seen = max(x + y for x, y in zip(ev_a, ev_b))
+            scale = min(1.0, cap / seen) if seen > 0 else 0.0
+            accepted.append([x * scale for x in ev_a] if seen > 0 else [0.0] * k_max)
+            rejected.append([x * scale for x in ev_b] if seen > 0 else [0.0] * k_max)
+        return [accepted, rejected]
+
+    def _explore(self, state: _RequestState, drafter: str) -> tuple[list, list] | None:
+        """The workload's evidence a request's estimates of `drafter` draw with."""
+        if state.pooled is None:
+            return None
+        i = self.drafters.index(drafter)
+        return state.pooled[0][i], state.pooled[1][i]
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
         """What to decide from: the estimate of the drafter's regime this step — its proposal's
@@ -289,7 +308,7 @@ class AdaptiveController:
         regime = self._regime(state, drafter)
         if regime is not False:
             estimate = self._regime_estimate(state, drafter, regime)
-            if estimate.observations()[0] >= MIN_HOT_EVIDENCE:
+            if estimate.first_observations() >= MIN_HOT_EVIDENCE:
                 return estimate
         return state.acceptance[drafter, False]
 
@@ -305,7 +324,8 @@ class AdaptiveController:
         if estimate is None:  # a confidence bucket's first step: starts where "all" stands
             s = self.settings
             estimate = state.acceptance[drafter, regime] = AcceptanceEstimate(
-                s.k_max, state.acceptance[drafter, False].mean(), s.prior_strength, s.discount)
+                s.k_max, state.acceptance[drafter, False].mean_list(), s.prior_strength, s.discount)
+            estimate.explore = self._explore(state, drafter)
         return estimate
 
     def _observe(self, state: _RequestState, drafter: str, proposed: int, accepted: int) -> None:
@@ -380,14 +400,10 @@ class AdaptiveController:
                     self._pool(request.workload, drafter, *scored)
             state.looked.clear()
         if self.use_floor and state.floor is not None and record.batch_size == 1:
-            floor = self._floor(request.workload)
-            floor.followed += state.floor.led
-            state.ngram.sync(request.tokens)  # O(new tokens); decide's sync then has none
-            state.floor.observe(request.tokens, record.emitted,
-                                record.draft_seconds + record.verify_seconds, state.ngram,
-                                self.costs.verify_seconds(),
-                                self.costs.draft_seconds("ngram", self.hints["ngram"]), floor,
-                                self.settings.floor_margin)
+            self._floor(request.workload).followed += state.floor.led
+            # the floor replays its arms at the next decide, once the drafter's own look-up
+            # has indexed these tokens (the step's draft work, not the controller's)
+            state.floor_pending = (record.emitted, record.draft_seconds + record.verify_seconds)
         if request.done:
             self._requests.pop(request.request_id, None)
 

@@ -1,42 +1,50 @@
-"""The decision, as pure functions: which (drafter, k) maximises expected tokens per second."""
+"""The decision, as pure functions: which (drafter, k) maximises expected tokens per second.
+
+On the per-step path (issue 14: decide + update <= 1 % of a step), so in Python floats: a
+drafter's row is one loop over its positions that stops where the chance of surviving that
+far is negligible, where a dozen numpy calls on 16-element arrays cost more than the loop.
+`formulas.rate_table` is the same arithmetic over arrays (tests compare the two)."""
 from __future__ import annotations
 
-import numpy as np
-
-from autospec.controller.formulas import rate_table
-
-
 PLAIN = -1  # the drafter index of plain decoding in `decide_step`
+NEGLIGIBLE = 1e-6  # survival below this adds under a millionth of a token: the row stops
 
 
-def decide_step(draws: np.ndarray, means: np.ndarray, draft_seconds: np.ndarray,
-                verify_seconds: np.ndarray, k_limit: int, current: int | None,
-                hysteresis: float, switch_seconds: np.ndarray | None = None) -> tuple[int, int]:
-    """One step's decision over D drafters, as (drafter index or PLAIN, k).
+def _floats(values) -> list:
+    return values.tolist() if hasattr(values, "tolist") else list(values)
 
-    draws: (D, K_max) acceptance drawn from each drafter's posterior (Thompson), or the means;
-    means: (D, K_max) posterior means; draft_seconds: (D,) per drafted token;
-    verify_seconds: (K_max+1,); current: the drafter index in use (PLAIN, or None at start);
-    switch_seconds: (D,) the one-off cost of starting each drafter now (prefilling its cache
-    with the context), already spread over the rounds it would serve; 0 for one in use.
-    1. the drafter: the best expected rate under the draws, plain decoding included;
-    2. hysteresis: keep `current` while its best rate is within `hysteresis` of the winner's;
-    3. K for that drafter from the means (changing K costs nothing: no exploration there),
-       or plain decoding when no K beats it."""
-    k_limit = min(k_limit, len(verify_seconds) - 1, draws.shape[1])
-    plain_rate = 1.0 / float(verify_seconds[0])
-    d = draws.shape[0]
-    if d == 0 or k_limit < 1:
-        return PLAIN, 0
-    # one table for both: rows 0..D-1 under the draws (with the switch charge), D..2D-1 under
-    # the means (without it) — one pass over the small arrays instead of two
-    extra = np.zeros(2 * d)
-    if switch_seconds is not None:
-        extra[:d] = switch_seconds
-    table = rate_table(np.concatenate((draws[:, :k_limit], means[:, :k_limit])),
-                       np.concatenate((draft_seconds, draft_seconds)), verify_seconds, extra)
-    best_rates = table[:d, 1:].max(axis=1).tolist()
-    winner = max(range(d), key=best_rates.__getitem__)
+
+def best_k(alphas, draft_seconds: float, verify: list[float], k_limit: int,
+           extra_seconds: float = 0.0) -> tuple[float, int]:
+    """(best rate over K >= 1, that K) for one drafter: rate(K) = E(K) / (draft_seconds * K +
+    verify[K] + extra_seconds); (0.0, 0) when k_limit < 1. Stops once survival is negligible:
+    verify is non-decreasing in K, so no later K can gain more than that survival buys.
+    Each alpha is clipped to [0, 1] (a Gaussian Thompson draw may fall outside)."""
+    best_rate, best = 0.0, 0
+    expected = survive = 1.0
+    for k in range(1, k_limit + 1):
+        alpha = alphas[k - 1]
+        if alpha < 1.0:
+            survive *= alpha if alpha > 0.0 else 0.0
+        expected += survive
+        rate = expected / (draft_seconds * k + verify[k] + extra_seconds)
+        if rate > best_rate:
+            best_rate, best = rate, k
+        if survive < NEGLIGIBLE:
+            break
+    return best_rate, best
+
+
+def choose_drafter(draws, draft_seconds: list[float], verify: list[float], limits: list[int],
+                   current: int | None, hysteresis: float, switch_seconds: list[float]) -> int:
+    """Steps 1-2 of `decide_step`: the drafter index with the best expected rate under the
+    draws (PLAIN when none beats plain decoding), kept at `current` within `hysteresis`.
+    All arguments Python lists (verify: K_max+1 floats; limits: positions each can draft)."""
+    plain_rate = 1.0 / verify[0]
+    best_rates = [best_k(row, seconds, verify, limit, switch)[0] if limit > 0 else 0.0
+                  for row, seconds, limit, switch in zip(draws, draft_seconds, limits,
+                                                         switch_seconds)]
+    winner = max(range(len(best_rates)), key=best_rates.__getitem__)
     winner_rate = best_rates[winner]
     if winner_rate <= plain_rate:
         winner, winner_rate = PLAIN, plain_rate
@@ -44,26 +52,43 @@ def decide_step(draws: np.ndarray, means: np.ndarray, draft_seconds: np.ndarray,
         kept = plain_rate if current == PLAIN else max(best_rates[current], plain_rate)
         if kept * (1 + hysteresis) >= winner_rate:
             winner = current
+    return winner
+
+
+def decide_step(draws, means, draft_seconds, verify_seconds, k_limit: int, current: int | None,
+                hysteresis: float, switch_seconds=None, available=None) -> tuple[int, int]:
+    """One step's decision over D drafters, as (drafter index or PLAIN, k).
+
+    draws: (D, K_max) acceptance drawn from each drafter's posterior (Thompson), or the means;
+    means: (D, K_max) posterior means; draft_seconds: (D,) per drafted token;
+    verify_seconds: (K_max+1,); current: the drafter index in use (PLAIN, or None at start);
+    switch_seconds: (D,) the one-off cost of starting each drafter now (prefilling its cache
+    with the context), already spread over the rounds it would serve; 0 for one in use;
+    available: (D,) positions each drafter can draft this step (a look-up's proposal length;
+    0: no option); None: all. Arrays or lists.
+    1. the drafter: the best expected rate under the draws, plain decoding included;
+    2. hysteresis: keep `current` while its best rate is within `hysteresis` of the winner's;
+    3. K for that drafter from the means (changing K costs nothing: no exploration there),
+       or plain decoding when no K beats it."""
+    verify = _floats(verify_seconds)
+    draft_seconds = _floats(draft_seconds)
+    d = len(draft_seconds)
+    k_limit = min(k_limit, len(verify) - 1)
+    if d == 0 or k_limit < 1:
+        return PLAIN, 0
+    draws = _floats(draws)
+    switch = [0.0] * d if switch_seconds is None else _floats(switch_seconds)
+    limits = [min(k_limit, len(draws[i]) if available is None else available[i]) for i in range(d)]
+    winner = choose_drafter(draws, draft_seconds, verify, limits, current, hysteresis, switch)
     if winner == PLAIN:
         return PLAIN, 0
-    row = table[d + winner]
-    k = int(np.argmax(row[1:])) + 1
-    return (winner, k) if row[k] > plain_rate else (PLAIN, 0)
+    k = k_for(_floats(means[winner])[:limits[winner]], draft_seconds[winner], verify, k_limit)
+    return (winner, k) if k else (PLAIN, 0)
 
 
-def k_for(means: np.ndarray, draft_seconds: float, verify_seconds: np.ndarray,
-          k_limit: int) -> int:
-    """The best K for one drafter under its posterior means (0: plain decoding pays more).
-    `rate_table`'s arithmetic for one row, in Python floats: on the per-step path, where a
-    dozen numpy calls on 16-element arrays cost more than the loop."""
-    k_limit = min(k_limit, len(verify_seconds) - 1, len(means))
-    verify = verify_seconds.tolist()
-    best_k, best_rate = 0, 1.0 / verify[0]
-    expected, survive = 1.0, 1.0
-    for k, alpha in enumerate(means[:k_limit].tolist(), start=1):
-        survive *= alpha
-        expected += survive
-        rate = expected / (draft_seconds * k + verify[k])
-        if rate > best_rate:
-            best_k, best_rate = k, rate
-    return best_k
+def k_for(means, draft_seconds: float, verify_seconds, k_limit: int) -> int:
+    """The best K for one drafter under its posterior means (0: plain decoding pays more)."""
+    verify = _floats(verify_seconds)
+    means = _floats(means)
+    rate, k = best_k(means, draft_seconds, verify, min(k_limit, len(verify) - 1, len(means)))
+    return k if rate > 1.0 / verify[0] else 0

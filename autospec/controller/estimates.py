@@ -10,6 +10,8 @@ through the observed ones (verify cost is close to affine in tokens on a CPU).
 """
 from __future__ import annotations
 
+from math import sqrt
+
 import numpy as np
 
 DEFAULT_PRIOR_MEAN = 0.5  # acceptance before any evidence: no opinion either way
@@ -23,68 +25,135 @@ class AcceptanceEstimate:
     the prior of position j, worth `pool_strength` observations: deep positions, rarely drafted,
     borrow from shallow ones, and every position's noise shrinks, while the outside prior
     (a workload's pooled estimate) is worth only `prior_strength` observations in all.
+
+    On the per-step path (issue 14: decide + update <= 1 % of a step) the evidence is kept in
+    Python floats with the discount applied lazily: the stored counts are in units of
+    `_scale` (evidence = stored * scale), so an update multiplies one float and touches only
+    the positions it observed, instead of rescaling every position; numpy views (`ev_a`,
+    `beta()`, `mean()`) are built on demand for everything off that path.
     """
 
     def __init__(self, k_max: int, prior_mean=DEFAULT_PRIOR_MEAN, prior_strength: float = 2.0,
                  discount: float = 0.98, pool_strength: float = 8.0):
         self.k_max = k_max
-        self.prior_mean = np.broadcast_to(np.asarray(prior_mean, float), (k_max,)).copy()
+        if isinstance(prior_mean, (int, float)):
+            self._prior_list = [float(prior_mean)] * k_max
+        else:  # per position (a list, or another estimate's mean())
+            prior = [float(x) for x in prior_mean]
+            if len(prior) != k_max:
+                raise ValueError(f"prior_mean has {len(prior)} positions, k_max is {k_max}")
+            self._prior_list = prior
         self.strength = prior_strength
         self.pool_strength = pool_strength
         self.discount = discount
-        self._set(np.zeros(k_max), np.zeros(k_max))
+        self._raw_a, self._raw_b = [0.0] * k_max, [0.0] * k_max
+        self._scale, self._params, self.total_a, self.total_b = 1.0, None, 0.0, 0.0
+        self._draw = None
+        # evidence added for the Thompson draws only ([accepted, rejected], k_max each): a
+        # request's share of its workload's pooled evidence (AdaptiveController.explore_pooled)
+        self.explore: tuple[list[float], list[float]] | None = None
 
-    def _set(self, ev_a: np.ndarray, ev_b: np.ndarray, total_a: float | None = None,
-             total_b: float | None = None) -> None:
+    def _set(self, ev_a, ev_b, total_a: float | None = None, total_b: float | None = None) -> None:
         """Replace the evidence (and its totals, summed here unless given); the cached Beta
         parameters go with it."""
-        self.ev_a, self.ev_b, self._params = ev_a, ev_b, None
-        self.total_a = float(ev_a.sum()) if total_a is None else total_a
-        self.total_b = float(ev_b.sum()) if total_b is None else total_b
+        self._raw_a = [float(x) for x in ev_a]
+        self._raw_b = [float(x) for x in ev_b]
+        self._scale = 1.0
+        self._params = self._draw = None
+        self.total_a = float(sum(self._raw_a)) if total_a is None else total_a
+        self.total_b = float(sum(self._raw_b)) if total_b is None else total_b
+
+    @property
+    def prior_mean(self) -> np.ndarray:
+        """(k_max,) the outside prior's mean per position."""
+        return np.array(self._prior_list)
+
+    @property
+    def ev_a(self) -> np.ndarray:
+        """(k_max,) discounted accepted counts per position."""
+        return np.array(self._raw_a) * self._scale
+
+    @property
+    def ev_b(self) -> np.ndarray:
+        """(k_max,) discounted rejected counts per position."""
+        return np.array(self._raw_b) * self._scale
+
+    def evidence_lists(self) -> tuple[list[float], list[float]]:
+        """(accepted, rejected) discounted counts per position, as Python floats."""
+        scale = self._scale
+        return [x * scale for x in self._raw_a], [x * scale for x in self._raw_b]
 
     def update(self, proposed: int, accepted: int) -> None:
         """One verified draft: positions 0..accepted-1 kept, position `accepted` (if proposed)
-        rejected, later positions unobserved. On the per-step path: the totals are kept
-        as running sums rather than re-summed."""
+        rejected, later positions unobserved."""
         d = self.discount
-        ev_a, ev_b = self.ev_a * d, self.ev_b * d
+        self._scale *= d
+        if self._scale < 1e-100:  # fold the scale back in before the stored counts overflow
+            self._set(self.ev_a, self.ev_b, self.total_a, self.total_b)
+            self._scale *= d
+        step = 1.0 / self._scale
         kept = min(accepted, self.k_max)
-        ev_a[:kept] += 1
+        raw_a = self._raw_a
+        for j in range(kept):
+            raw_a[j] += step
         rejected = accepted < proposed and accepted < self.k_max
         if rejected:
-            ev_b[accepted] += 1
-        self._set(ev_a, ev_b, self.total_a * d + kept, self.total_b * d + rejected)
+            self._raw_b[accepted] += step
+        self.total_a = self.total_a * d + kept
+        self.total_b = self.total_b * d + rejected
+        self._params = self._draw = None
 
     def update_many(self, proposed, accepted) -> None:
-        """`update` for each (proposed[i], accepted[i]) in order, in one vectorised pass:
-        after n updates the old evidence is scaled by discount^n and update i's increments
-        by discount^(n-1-i). Same result as the loop, to rounding."""
-        proposed = np.asarray(proposed, int)
-        accepted = np.asarray(accepted, int)
-        n = len(proposed)
-        if n == 0:
-            return
-        weights = self.discount ** np.arange(n - 1, -1, -1, dtype=float)  # (n,)
-        positions = np.arange(self.k_max)  # (k_max,)
-        kept = positions[None, :] < np.minimum(accepted, self.k_max)[:, None]  # (n, k_max)
-        rejected = (positions[None, :] == accepted[:, None]) & (accepted < proposed)[:, None]
-        scale = self.discount ** n
-        self._set(self.ev_a * scale + weights @ kept, self.ev_b * scale + weights @ rejected)
+        """`update` for each (proposed[i], accepted[i]) in order (each is O(accepted) in
+        Python floats: faster than a vectorised pass at the few dozen a request queues)."""
+        for p, a in zip(proposed, accepted):
+            self.update(int(p), int(a))
 
-    def beta(self) -> tuple[np.ndarray, np.ndarray]:
-        """(a, b), each (k_max,): the Beta parameters per position (cached until an update)."""
+    def beta_lists(self) -> tuple[list[float], list[float]]:
+        """(a, b), each k_max Python floats: the Beta parameters per position (cached until
+        an update). The per-step path's form of `beta()`."""
         if self._params is None:
-            self._params = self._beta()
+            s, strength, scale = self.strength, self.pool_strength, self._scale
+            weight = strength / (self.total_a + self.total_b + s)
+            # the pooled prior of position j, in pseudo-observations: weight * (total_a + s m_j)
+            base = weight * self.total_a
+            pooled = [base + weight * s * prior for prior in self._prior_list]
+            self._params = ([raw * scale + p for raw, p in zip(self._raw_a, pooled)],
+                            [raw * scale + strength - p for raw, p in zip(self._raw_b, pooled)])
+            self._means = None
         return self._params
 
-    def _beta(self) -> tuple[np.ndarray, np.ndarray]:
-        s = self.strength
-        pooled = (self.total_a + s * self.prior_mean) / (self.total_a + self.total_b + s)
-        return self.ev_a + self.pool_strength * pooled, self.ev_b + self.pool_strength * (1 - pooled)
+    def mean_list(self) -> list[float]:
+        """(k_max) posterior means as Python floats (cached with the Beta parameters)."""
+        a, b = self.beta_lists()
+        if self._means is None:
+            self._means = [x / (x + y) for x, y in zip(a, b)]
+        return self._means
+
+    def draw_params(self) -> tuple[list[float], list[float]]:
+        """(mean, standard deviation) per position of the Beta the Thompson draws sample:
+        the posterior plus the `explore` evidence (cached until an update)."""
+        if self._draw is None:
+            a, b = self.beta_lists()
+            if self.explore is not None:
+                a = [x + y for x, y in zip(a, self.explore[0])]
+                b = [x + y for x, y in zip(b, self.explore[1])]
+            totals = [x + y for x, y in zip(a, b)]
+            self._draw = ([x / t for x, t in zip(a, totals)],
+                          [sqrt(x * y / (t * t * (t + 1.0))) for x, y, t in zip(a, b, totals)])
+        return self._draw
+
+    def first_observations(self) -> float:
+        """Discounted drafts observed at position 0 (every verified draft observes it)."""
+        return (self._raw_a[0] + self._raw_b[0]) * self._scale
+
+    def beta(self) -> tuple[np.ndarray, np.ndarray]:
+        """(a, b), each (k_max,): the Beta parameters per position."""
+        a, b = self.beta_lists()
+        return np.array(a), np.array(b)
 
     def mean(self) -> np.ndarray:
-        a, b = self.beta()
-        return a / (a + b)
+        return np.array(self.mean_list())
 
     def observations(self) -> np.ndarray:
         return self.ev_a + self.ev_b
@@ -131,8 +200,7 @@ class CostModel:
         self._since_drafted = 0  # verify forwards since the last one with K > 0
         self.draft: dict[str, float] = {}
         self.prefill: dict[str, float] = {}  # drafter -> seconds per context token at start-up
-        self._sums = np.zeros(5)  # discounted sum of w, x, x^2, y, x*y
-        self._sizes = np.arange(k_max + 1, dtype=float)
+        self._sums = [0.0] * 5  # discounted sum of w, x, x^2, y, x*y (Python floats)
         self.observed = 0
 
     def observe_draft(self, drafter: str, seconds: float, proposed: int) -> None:
@@ -166,14 +234,16 @@ class CostModel:
                 # the first drafted forward after a stale spell: the line is fitted afresh
                 # from here on (the plain forwards that follow restore its base within a few
                 # steps), so the forwards that caused the spell cannot cause the next one
-                self._sums = np.zeros(5)
+                self._sums = [0.0] * 5
             self._since_drafted = 0
         else:
             self._since_drafted += 1
         if self.observed >= 5:
-            seconds = min(seconds, 3 * float(self.verify_seconds()[min(k, self.k_max)]))
-        self._sums *= self.forgetting
-        self._sums += (1.0, k, k * k, seconds, k * seconds)
+            seconds = min(seconds, 3 * self.verify_list()[min(k, self.k_max)])
+        # Python floats: on the per-step path five numpy scalars cost more than the sums
+        f = self.forgetting
+        w, x, xx, y, xy = self._fit_sums
+        self._sums = [w * f + 1.0, x * f + k, xx * f + k * k, y * f + seconds, xy * f + k * seconds]
         self.observed += 1
 
     def observe_verify_many(self, verify_tokens, seconds) -> None:
@@ -189,46 +259,53 @@ class CostModel:
             y = np.minimum(y, 3 * predicted[np.minimum(k, self.k_max).astype(int)])
         weights = self.forgetting ** np.arange(n - 1, -1, -1, dtype=float)
         terms = np.stack([np.ones(n), k, k * k, y, k * y])  # (5, n)
-        self._sums = self._sums * self.forgetting ** n + terms @ weights
+        self._sums = (np.asarray(self._sums) * self.forgetting ** n + terms @ weights).tolist()
         self.observed += n
 
     def seed(self, base: float, slope: float, weight: float = 4.0) -> None:
         """Start from a saved line v(K) = base + slope * K (a warm start), worth `weight`
         observations: two pseudo-points at K = 0 and K = k_max / 2."""
         half = self.k_max / 2
-        self._sums = np.zeros(5)
+        sums = [0.0] * 5
         for k in (0.0, half):
             y = base + slope * k
-            self._sums += (weight / 2, weight / 2 * k, weight / 2 * k * k, weight / 2 * y,
-                           weight / 2 * k * y)
+            for i, term in enumerate((1.0, k, k * k, y, k * y)):
+                sums[i] += weight / 2 * term
+        self._sums = sums
         self.observed = max(self.observed, int(weight))
 
     def line(self) -> tuple[float, float] | None:
         """(base, slope) of the current fit, or None before any observation."""
         if self.observed == 0:
             return None
-        v = self.verify_seconds()
-        return float(v[0]), float(v[1] - v[0])
+        v = self.verify_list()
+        return v[0], v[1] - v[0]
 
     @property
-    def _sums(self) -> np.ndarray:
+    def _sums(self) -> list[float]:
         return self._fit_sums
 
     @_sums.setter
-    def _sums(self, value: np.ndarray) -> None:
-        self._fit_sums, self._verify = value, None
+    def _sums(self, value: list[float]) -> None:
+        self._fit_sums, self._verify, self._verify_list = value, None, None
 
     def verify_seconds(self) -> np.ndarray:
         """(k_max+1,) predicted seconds of a forward over K+1 tokens, K = 0..k_max (cached
         until the next observation)."""
         if self._verify is None:
-            self._verify = self._fit()
+            self._verify = np.array(self.verify_list())
         return self._verify
 
-    def _fit(self) -> np.ndarray:
-        w, x, xx, y, xy = self._sums.tolist()  # Python floats: faster than numpy scalars here
+    def verify_list(self) -> list[float]:
+        """`verify_seconds()` as Python floats (the per-step path's form; cached the same)."""
+        if self._verify_list is None:
+            self._verify_list = self._fit()
+        return self._verify_list
+
+    def _fit(self) -> list[float]:
+        w, x, xx, y, xy = self._sums
         if w == 0:
-            return np.ones(self.k_max + 1)
+            return [1.0] * (self.k_max + 1)
         mean_x, mean_y = x / w, y / w
         var = xx / w - mean_x ** 2
         # one size seen so far: assume a memory-bound (flat) forward, the optimistic prior
@@ -237,7 +314,7 @@ class CostModel:
         # the mean of what was observed, which recent plain steps dominate
         slope *= self._trust()
         base = max(mean_y - slope * mean_x, 1e-6)
-        return base + slope * self._sizes
+        return [base + slope * k for k in range(self.k_max + 1)]
 
     def _trust(self) -> float:
         """1 while the slope is fresh; falls linearly to 0 from `stale_after` forwards without
@@ -250,4 +327,4 @@ class CostModel:
         """Measured seconds per drafted token, or hint * verify(0) before any measurement."""
         if drafter in self.draft:
             return self.draft[drafter]
-        return hint * float(self.verify_seconds()[0])
+        return hint * self.verify_list()[0]

@@ -141,16 +141,28 @@ class RequestFloor:
             self.own_seconds += seconds
             self.own_tokens += emitted
         known = len(tokens)
+        verify = verify_seconds.tolist() if hasattr(verify_seconds, "tolist") else verify_seconds
+        looked: dict[int, list[int]] = {}  # at -> the longest arm's proposal there (shared)
+        k_top = self.arms[-1].k
         for arm in self.arms:
+            if not arm.k:  # plain decoding: one token a forward, whatever the tokens
+                arm.tokens += known - arm.at
+                arm.seconds += (known - arm.at) * verify[0]
+                arm.at = known
+                continue
             while arm.at < known:
-                proposal = index.propose(arm.k, at=arm.at) if arm.k else []
-                target = tokens[arm.at:arm.at + len(proposal) + 1]
+                at = arm.at
+                proposal = looked.get(at)
+                if proposal is None:
+                    proposal = looked[at] = index.propose(k_top, at=at)
+                proposal = proposal[:arm.k]
+                target = tokens[at:at + len(proposal) + 1]
                 accepted = agreeing_prefix(proposal, target)
                 if accepted == len(target):
                     break  # not decided yet: the target has not emitted past the draft
                 arm.tokens += accepted + 1
-                arm.seconds += float(verify_seconds[len(proposal)]) + draft_per_token * len(proposal)
-                arm.at += accepted + 1
+                arm.seconds += verify[len(proposal)] + draft_per_token * len(proposal)
+                arm.at = at + accepted + 1
         self.steps += 1
         if known < self.window_end and self.steps < WINDOW_STEPS:
             return

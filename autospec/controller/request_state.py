@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from autospec.controller.estimates import AcceptanceEstimate
 from autospec.controller.floor import RequestFloor
@@ -44,9 +43,12 @@ class _RequestState:
     lengths: dict[str, int] = field(default_factory=dict)  # look-up proposals' lengths at decide
     looked: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # peeked drafter ->
     # (context length, its proposal) at decide, scored counterfactually when another ran
-    # (2, D, k_max): the workload's pooled evidence the drafter-choice draws add (explore_pooled)
-    pooled: np.ndarray | None = None
+    # [accepted, rejected] x D x k_max: the workload's pooled evidence the drafter-choice
+    # draws add (explore_pooled)
+    pooled: list | None = None
     floor: RequestFloor | None = None  # the floor's fixed arms, replayed through this request
+    floor_pending: tuple[int, float] | None = None  # (emitted, seconds) of the last step, for
+    # the floor to replay at the next decide
 
 
 def _score(proposal: list[int], verified: list[int]) -> tuple[int, int]:

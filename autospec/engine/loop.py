@@ -69,6 +69,9 @@ class Request:
     # a look-up drafter's proposal taken before the decision (Engine.peek): drafter ->
     # (context length, k asked, draft, seconds it took); the step then drafts no second time
     peeked: dict[str, tuple[int, int, Draft, float]] = field(default_factory=dict)
+    # seconds of the peeked look-up this step's draft used: charged to its draft seconds, so
+    # taken out of the controller's (the controller looked it up, but it is the drafter's work)
+    lookup_seconds: float = 0.0
     # Engine.peek bound to this request, for a controller that decides from the proposal
     peek: Callable[[str, int], Draft | None] | None = field(default=None, repr=False)
     # drafter options for this request in place of the engine's, set before its first step: a
@@ -217,6 +220,7 @@ class Engine:
         else:
             draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
             looked_up = 0.0
+        request.lookup_seconds = looked_up
         return Round(request, drafter_name if drafter else "none", k, drafter, draft,
                      draft.tokens[:k], context, time.perf_counter() - t0 + looked_up)
 
@@ -307,7 +311,8 @@ class Engine:
             emitted = self.step(request, name, step_k)
             t2 = time.perf_counter()
             controller.update(request.steps[-1], request)
-            request.steps[-1].controller_seconds = (t1 - t0) + (time.perf_counter() - t2)
+            request.steps[-1].controller_seconds = (t1 - t0) + (time.perf_counter() - t2) \
+                - request.lookup_seconds  # the drafter's look-up, charged as draft seconds
             if on_tokens:
                 on_tokens(emitted)
         return self.finish(request)

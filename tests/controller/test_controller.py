@@ -139,3 +139,51 @@ def test_ngram_is_drafted_only_as_far_as_its_proposal_reaches():
     short = SimRequest("b", [7, 8, 9, 7, 8], 5, None)
     drafter, k = ctl.decide(short)
     assert drafter == "ngram" and 1 <= k <= 3
+
+
+def test_lazy_discount_equals_the_discounted_counts():
+    """The estimate keeps its counts in units of a running scale (issue 14's per-step cost):
+    after any sequence of updates, and across the scale's renormalisation, the evidence is
+    the plainly discounted count and the Beta parameters the formula's."""
+    rng = np.random.default_rng(0)
+    est = AcceptanceEstimate(6, prior_mean=0.4, prior_strength=3.0, discount=0.5)
+    ev_a, ev_b = np.zeros(6), np.zeros(6)
+    for _ in range(400):  # 0.5 ** 400: the scale renormalises several times
+        proposed = int(rng.integers(1, 8))
+        accepted = int(rng.integers(0, proposed + 1))
+        est.update(proposed, accepted)
+        ev_a, ev_b = ev_a * 0.5, ev_b * 0.5
+        ev_a[:min(accepted, 6)] += 1
+        if accepted < proposed and accepted < 6:
+            ev_b[accepted] += 1
+    assert np.allclose(est.ev_a, ev_a) and np.allclose(est.ev_b, ev_b)
+    pooled = (ev_a.sum() + 3.0 * 0.4) / (ev_a.sum() + ev_b.sum() + 3.0)
+    a, b = est.beta()
+    assert np.allclose(a, ev_a + 8 * pooled) and np.allclose(b, ev_b + 8 * (1 - pooled))
+    means, deviations = est.draw_params()
+    assert np.allclose(means, a / (a + b))
+    assert np.allclose(deviations, np.sqrt(a * b / ((a + b) ** 2 * (a + b + 1))))
+
+
+def test_python_decision_agrees_with_the_rate_table():
+    """decide.py's loops (Python floats, stopping at negligible survival) choose what the
+    array formula's argmax chooses, on random drafters, costs and proposal lengths."""
+    from autospec.controller.decide import k_for
+    from autospec.controller.formulas import rate_table
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        d = int(rng.integers(1, 4))
+        alphas = rng.uniform(0, 1, (d, 16)) ** rng.uniform(0.2, 3)
+        draft_s = rng.uniform(0, 0.3, d)
+        verify = 1 + rng.uniform(0, 0.1) * np.arange(17)
+        table = rate_table(alphas, draft_s, verify)
+        best = [int(np.argmax(row[1:])) + 1 for row in table]
+        winner, k = decide_step(alphas, alphas, draft_s, verify, 16, None, 0.0)
+        rates = table[:, 1:].max(axis=1)
+        if rates.max() <= table[0, 0]:
+            assert (winner, k) == (PLAIN, 0)
+            continue
+        assert winner == int(np.argmax(rates))
+        # the loop stops at survival < 1e-6: a K past that gains under a millionth of a token
+        assert table[winner, k] == pytest.approx(table[winner, best[winner]], rel=1e-5)
+        assert k_for(alphas[winner], draft_s[winner], verify, 16) == k

@@ -185,26 +185,26 @@ def _replay_digests() -> dict[str, str]:
 
 
 PINNED_DIGESTS: dict[str, str] = {
-    'mixed.json adaptive': '8c36a741e8c4503e',
-    'mixed.json adaptive:policies/default.yaml': '8c36a741e8c4503e',
-    'mixed.json adaptive:policies/mixed.yaml': '451fcbfaa80043cb',
+    'mixed.json adaptive': '6ad03b998bf51f57',
+    'mixed.json adaptive:policies/default.yaml': '6ad03b998bf51f57',
+    'mixed.json adaptive:policies/mixed.yaml': '7542459bc7b29bb4',
     'mixed.json ctl:ema': '04d70a1ae0ffc7ae',
     'mixed.json ctl:fixed:ngram:3': '087b2018e4f735a3',
     'mixed.json ctl:hf-heuristic': 'e414612228efcf5e',
     'mixed.json plain': '0c697110916a5d3f',
     'mixed.json static:ngram:4': '720984396261315b',
     'mixed.json tuned': '4c7344ce141263ef',
-    'mixed.json warm': 'f96d9f2cb8fa2e49',
-    'reference.json adaptive': '0748f19455dc6830',
-    'reference.json adaptive:policies/default.yaml': '0748f19455dc6830',
-    'reference.json adaptive:policies/mixed.yaml': '0df80ae7f0edee02',
+    'mixed.json warm': 'bbaf0bf8966d52f5',
+    'reference.json adaptive': 'c057376fc7f3d756',
+    'reference.json adaptive:policies/default.yaml': 'c057376fc7f3d756',
+    'reference.json adaptive:policies/mixed.yaml': 'd2ca6c4e1660ec35',
     'reference.json ctl:ema': 'a00ffbfdf8be5746',
     'reference.json ctl:fixed:ngram:3': '6c61f0b3ffc00233',
     'reference.json ctl:hf-heuristic': '3b19c4c998ae965e',
     'reference.json plain': 'e0807f303b20c56c',
     'reference.json static:ngram:4': '480d67b7c2608bb2',
     'reference.json tuned': '6a31edf831cb1ac3',
-    'reference.json warm': '8d663a0a5ef2fcb1',
+    'reference.json warm': '9c024de1e5bfb6e1',
 }
 
 
