@@ -21,6 +21,7 @@ No I/O here, ever: the slow path (daemon) hands new settings in from outside.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -200,7 +201,7 @@ class AdaptiveController:
         context = len(request.tokens)
         switch_s = [0.0 if d in state.used else
                     self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
-        verify = self.costs.verify_list()
+        verify = self.costs.step_list()
         index = choose_drafter(draws, draft_s, verify, limits, state.current,
                                self.settings.hysteresis, switch_s)
         state.current = index
@@ -249,7 +250,7 @@ class AdaptiveController:
         means = self._estimate(state, drafter).mean_list()
         means = means[:lengths.get(drafter, len(means))]
         k = k_for(means, self.costs.draft_seconds(drafter, self.hints[drafter]),
-                  self.costs.verify_list(), self.settings.k_max)
+                  self.costs.step_list(), self.settings.k_max)
         return (drafter, max(k, self.settings.k_min)) if k else (None, 0)
 
     def _replay_floor(self, state: _RequestState, request) -> None:
@@ -372,6 +373,10 @@ class AdaptiveController:
                                     record.verify_seconds, 1.0 / record.batch_size)
         else:
             self.costs.observe_verify(record.verify_tokens, record.verify_seconds)
+            started = getattr(request, "step_started", None)  # set by a live engine, not replay
+            if started is not None:
+                self.costs.observe_overhead(time.perf_counter() - started - record.draft_seconds
+                                            - record.verify_seconds)
         if record.drafter in self.drafters and record.k > 0:
             if record.drafter in state.used:
                 self.costs.observe_draft(record.drafter, record.draft_seconds, record.proposed)

@@ -15,6 +15,7 @@ from math import sqrt
 import numpy as np
 
 DEFAULT_PRIOR_MEAN = 0.5  # acceptance before any evidence: no opinion either way
+RESIDUAL_PRIOR = 4.0  # observations of one forward size before its own mean counts half
 
 
 class AcceptanceEstimate:
@@ -200,6 +201,18 @@ class CostModel:
         self._since_drafted = 0  # verify forwards since the last one with K > 0
         self.draft: dict[str, float] = {}
         self.prefill: dict[str, float] = {}  # drafter -> seconds per context token at start-up
+        # seconds every step pays besides its draft and its verify forward (the engine's own
+        # work: accept, roll back, telemetry, the controller): an EWMA, 0 until measured
+        self.overhead = 0.0
+        self._overhead_seen = False
+        self._step: list[float] | None = None
+        # per forward size, a discounted mean of its measured seconds and its discounted count:
+        # on this CPU v(K) is not affine — it steps (v(3) ~20 % over the line through all
+        # sizes on the reference pair, K = 8..16 under it), and a line alone makes K = 3 look
+        # cheap. A size's prediction is the line moved towards that mean, by n / (n +
+        # RESIDUAL_PRIOR); sizes never run keep the line.
+        self._size_mean = [0.0] * (k_max + 1)
+        self._size_n = [0.0] * (k_max + 1)
         self._sums = [0.0] * 5  # discounted sum of w, x, x^2, y, x*y (Python floats)
         self.observed = 0
 
@@ -235,11 +248,16 @@ class CostModel:
                 # from here on (the plain forwards that follow restore its base within a few
                 # steps), so the forwards that caused the spell cannot cause the next one
                 self._sums = [0.0] * 5
+                self._size_mean = [0.0] * (self.k_max + 1)
+                self._size_n = [0.0] * (self.k_max + 1)
             self._since_drafted = 0
         else:
             self._since_drafted += 1
+        size = min(k, self.k_max)
         if self.observed >= 5:
-            seconds = min(seconds, 3 * self.verify_list()[min(k, self.k_max)])
+            seconds = min(seconds, 3 * self.verify_list()[size])
+        n = self._size_n[size] = self._size_n[size] * self.forgetting + 1.0
+        self._size_mean[size] += (seconds - self._size_mean[size]) / n
         # Python floats: on the per-step path five numpy scalars cost more than the sums
         f = self.forgetting
         w, x, xx, y, xy = self._fit_sums
@@ -278,8 +296,7 @@ class CostModel:
         """(base, slope) of the current fit, or None before any observation."""
         if self.observed == 0:
             return None
-        v = self.verify_list()
-        return v[0], v[1] - v[0]
+        return self._line()
 
     @property
     def _sums(self) -> list[float]:
@@ -287,7 +304,25 @@ class CostModel:
 
     @_sums.setter
     def _sums(self, value: list[float]) -> None:
-        self._fit_sums, self._verify, self._verify_list = value, None, None
+        self._fit_sums, self._verify, self._verify_list, self._step = value, None, None, None
+
+    def observe_overhead(self, seconds: float) -> None:
+        """One step's seconds outside its draft and its verify forward (the engine measures
+        them: Request.step_started); clipped at 0."""
+        seconds = max(0.0, seconds)
+        self.overhead += self.smoothing * (seconds - self.overhead) if self._overhead_seen else seconds
+        self._overhead_seen = True
+        self._step = None
+
+    def step_list(self) -> list[float]:
+        """(k_max+1) predicted seconds of a step whose forward holds K+1 tokens, draft aside:
+        the verify line plus the per-step overhead. What a decision compares: without the
+        overhead a long draft's saving of whole steps is undercounted and K comes out short
+        (issue 14: on the reference pair the overhead is ~4 % of a plain step)."""
+        if self._step is None:
+            overhead = self.overhead
+            self._step = [v + overhead for v in self.verify_list()]
+        return self._step
 
     def verify_seconds(self) -> np.ndarray:
         """(k_max+1,) predicted seconds of a forward over K+1 tokens, K = 0..k_max (cached
@@ -302,10 +337,11 @@ class CostModel:
             self._verify_list = self._fit()
         return self._verify_list
 
-    def _fit(self) -> list[float]:
+    def _line(self) -> tuple[float, float] | None:
+        """(base, slope) of the discounted least-squares line, or None before any forward."""
         w, x, xx, y, xy = self._sums
         if w == 0:
-            return [1.0] * (self.k_max + 1)
+            return None
         mean_x, mean_y = x / w, y / w
         var = xx / w - mean_x ** 2
         # one size seen so far: assume a memory-bound (flat) forward, the optimistic prior
@@ -314,7 +350,22 @@ class CostModel:
         # the mean of what was observed, which recent plain steps dominate
         slope *= self._trust()
         base = max(mean_y - slope * mean_x, 1e-6)
-        return [base + slope * k for k in range(self.k_max + 1)]
+        return base, slope
+
+    def _fit(self) -> list[float]:
+        """The line, each size moved towards its own mean (see __init__)."""
+        line = self._line()
+        if line is None:
+            return [1.0] * (self.k_max + 1)
+        base, slope = line
+        out = []
+        for k, (mean, n) in enumerate(zip(self._size_mean, self._size_n)):
+            at = base + slope * k
+            out.append(at + (mean - at) * n / (n + RESIDUAL_PRIOR))
+        trust = self._trust()
+        if trust < 1.0:  # a stale spell: the drafted sizes fade to the flat prior, out[0]
+            out = [out[0]] + [trust * v + (1.0 - trust) * out[0] for v in out[1:]]
+        return out
 
     def _trust(self) -> float:
         """1 while the slope is fresh; falls linearly to 0 from `stale_after` forwards without

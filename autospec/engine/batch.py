@@ -276,6 +276,8 @@ class BatchEngine(Engine):
         requests do), one `step_batch`, every row's controller told its step, the controllers'
         seconds shared among the rows. Returns the tokens appended to each row."""
         t0 = time.perf_counter()
+        for request, _ in rows:
+            request.step_started = t0  # a controller learns a batch-1 step's overhead from it
         groups: dict[int, list[int]] = {}  # controller -> its rows, in row order
         for i, (_, controller) in enumerate(rows):
             groups.setdefault(id(controller), []).append(i)

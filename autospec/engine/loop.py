@@ -72,6 +72,9 @@ class Request:
     # seconds of the peeked look-up this step's draft used: charged to its draft seconds, so
     # taken out of the controller's (the controller looked it up, but it is the drafter's work)
     lookup_seconds: float = 0.0
+    # when this step's decision began (perf_counter): the controller learns the step's
+    # overhead from it (wall time less draft and verify); None outside a live loop (replay)
+    step_started: float | None = None
     # Engine.peek bound to this request, for a controller that decides from the proposal
     peek: Callable[[str, int], Draft | None] | None = field(default=None, repr=False)
     # drafter options for this request in place of the engine's, set before its first step: a
@@ -305,7 +308,7 @@ class Engine:
         sampling = SamplingParams(temperature, top_k, top_p)
         request = self.start(prompt, max_new_tokens, sampling, seed, workload=workload)
         while not request.done:
-            t0 = time.perf_counter()
+            t0 = request.step_started = time.perf_counter()
             name, step_k = controller.decide(request)
             t1 = time.perf_counter()
             emitted = self.step(request, name, step_k)

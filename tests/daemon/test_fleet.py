@@ -1,12 +1,14 @@
-"""A fleet: two `autospec daemon` processes on one real PostgreSQL store (pgserver), three
-clients posting telemetry. Every acknowledged batch is stored once fleet-wide, a batch re-sent
-to the other daemon too, and GET /v1/params from either daemon reflects all of it.
+"""A fleet: two `autospec daemon` processes on one real PostgreSQL store (pgserver).
 
-The clients are plain HTTP posters of the telemetry `autospec serve` sends (processes.batch),
-not serve processes: starting three engines would cost more than the whole test may take."""
+First with three clients posting telemetry as `autospec serve` sends it (processes.batch), so
+the evidence is known in closed form: every acknowledged batch is stored once fleet-wide, a
+batch re-sent to the other daemon too, and GET /v1/params from either daemon reflects all of
+it, to the number. Then as it runs: three real `autospec serve` processes on the tiny pair
+reporting to the two daemons, HTTP clients sending completions."""
 from __future__ import annotations
 
 import threading
+import urllib.parse
 
 from processes import batch, record, request, start_daemon, wait_for
 
@@ -74,3 +76,69 @@ def test_two_daemons_on_one_postgresql_count_once_and_serve_all_traffic(tmp_path
     finally:
         for daemon in daemons:
             daemon.stop()
+
+
+def _requests_stored(daemon) -> int:
+    """autospec_requests_total summed over its labels: what this daemon itself stored."""
+    metrics = request(daemon.url, "GET", "/metrics")[1]
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith("autospec_requests_total{")))
+
+
+def test_three_serve_processes_report_to_a_fleet_of_two_daemons(tmp_path, postgres_url, tiny_dir):
+    """The fleet as it runs: three `autospec serve` processes (the tiny pair), two reporting to
+    daemon 0 and one to daemon 1, both daemons on one PostgreSQL store, HTTP clients sending
+    completions. Every request's telemetry is stored once; each daemon stored only its own
+    servers' requests, yet GET /v1/params from either serves the same estimates: the fleet's."""
+    from processes import start
+
+    from autospec.engine.bandwidth import hardware_key
+    daemons = [start_daemon(tmp_path, "--instance", f"d{i}", name=f"d{i}", url=postgres_url)
+               for i in range(2)]
+    serves = []
+    try:
+        for s, d in enumerate((0, 1, 0)):
+            serves.append(start(["serve", "--port", "0", "--target", str(tiny_dir / "target"),
+                                 "--draft", str(tiny_dir / "draft"), "--daemon", daemons[d].url,
+                                 "--params-interval", "0.5"], tmp_path / f"serve{s}.log",
+                                env={"OMP_NUM_THREADS": "1"}))
+        prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+        ids: list[str] = []
+        lock = threading.Lock()
+
+        def client(serve) -> None:
+            for i in range(4):
+                status, body = request(serve.url, "POST", "/v1/completions",
+                                       {"prompt": prompt, "max_tokens": 16, "temperature": 0,
+                                        "autospec": {"workload": "copy" if i % 2 else "prose"}})
+                assert status == 200, body
+                with lock:
+                    ids.append(body["id"])
+
+        threads = [threading.Thread(target=client, args=(serve,)) for serve in serves]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert len(ids) == len(set(ids)) == 12
+        with open_store(postgres_url) as store:
+            assert wait_for(lambda: store.count_requests() == 12, timeout=30), store.count_requests()
+        assert wait_for(lambda: [_requests_stored(d) for d in daemons] == [8, 4], timeout=20)
+        pair = next(line.split('model_pair="', 1)[1].split('"', 1)[0]
+                    for line in request(daemons[0].url, "GET", "/metrics")[1].splitlines()
+                    if line.startswith("autospec_requests_total{"))
+        # the servers' hardware key: this machine, at their one thread (OMP_NUM_THREADS=1)
+        hardware = hardware_key().rsplit(":", 1)[0] + ":1threads"
+        params = "/v1/params?" + urllib.parse.urlencode({"model_pair": pair, "hardware": hardware})
+
+        def served(daemon) -> list[float]:
+            acceptance = request(daemon.url, "GET", params)[1]["estimates"]["acceptance"]
+            return [round(sum(e["observations"]), 6) for _, per in sorted(acceptance.items())
+                    for _, e in sorted(per.items())]
+
+        # both serve the same (the fleet's) estimates, once each has merged the other's share
+        assert wait_for(lambda: served(daemons[0]) == served(daemons[1]) and served(daemons[0]),
+                        timeout=30), (served(daemons[0]), served(daemons[1]))
+    finally:
+        for proc in serves + daemons:
+            proc.stop()
