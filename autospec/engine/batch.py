@@ -18,8 +18,9 @@ over used ones, and on a CPU it is not free.
 Choices:
 - a joining request is prefilled by a forward of its own (batch 1, into its slot): simplest
   correct; a long prompt then delays the other rows' step once, as in a non-chunked server.
-- drafting is per row through the existing drafter objects (one draft-model forward per row
-  and draft position), not yet one batched draft-model forward per position.
+- drafting: the draft model drafts for all its rows in one forward per draft position
+  (engine/batch_draft.py: a RowCache of its own, slot for slot); look-up drafters (n-gram,
+  suffix) and the early exit per row through their drafter objects.
 - a request must fit its row: prompt + max_new_tokens <= max_len, checked when it joins.
 - telemetry: each row gets its own StepRecord, as Engine.step writes it; verify_seconds is the
   batch's verify phase (every row waited for all of it), batch_size and batch_tokens say what
@@ -183,6 +184,11 @@ class BatchEngine(Engine):
         if max_len > models.max_positions:
             raise ValueError(f"max_len {max_len} exceeds the target's {models.max_positions} positions")
         self.cache = RowCache(models.target, max_batch, max_len)
+        # the draft model drafts for all its rows at once (engine/batch_draft.py)
+        self.batch_draft = None
+        if models.draft is not None:
+            from autospec.engine.batch_draft import BatchDraftModel
+            self.batch_draft = BatchDraftModel(models.draft, max_batch, max_len)
 
     @property
     def max_batch(self) -> int:
@@ -203,6 +209,8 @@ class BatchEngine(Engine):
                              f"max_new_tokens {request.max_new_tokens}); a batch row holds "
                              f"{self.cache.max_len} (max_len)")
         request.cache = self.cache.claim()
+        if self.batch_draft is not None:
+            self.batch_draft.reset(request.cache)
         if request.prompt_len > 1:
             try:
                 self._forward([request.cache], [request.tokens[:-1]], last=1)
@@ -233,7 +241,9 @@ class BatchEngine(Engine):
         slots = [request.cache for request, _, _ in decisions]
         if len(set(slots)) != len(slots) or not all(isinstance(s, int) for s in slots):
             raise ValueError("step_batch needs distinct requests, each started on this engine")
-        # 1. propose: each row asks its own drafter for its own k
+        # 1. propose: each row asks its own drafter for its own k (the draft model's rows
+        # all at once, one forward per draft position: _draft_model_rows)
+        self._draft_model_rows(decisions)
         rounds = [self.propose(request, name, k) for request, name, k in decisions]
         t1 = time.perf_counter()
 
@@ -256,6 +266,25 @@ class BatchEngine(Engine):
         for rnd, n_accepted, tokens in zip(rounds, accepted, emitted):
             self.observe(rnd, n_accepted, tokens, verify_seconds, len(rounds), batch_tokens, width)
         return emitted
+
+    def _draft_model_rows(self, decisions: Sequence[tuple[Request, str | None, int]]) -> None:
+        """The draft for every row that chose the draft model, in one batched drafting; each
+        row's draft is left where `propose` takes a look-up drafter's (Request.peeked), and
+        each is charged the whole drafting's seconds (every row waited for all of it)."""
+        if self.batch_draft is None:
+            return
+        from autospec.engine.batch_draft import DraftRow
+        rows, requests = [], []
+        for request, name, k in decisions:
+            k = self.clamp_k(request, k) if name == "draft-model" else 0
+            if k > 0:
+                rows.append(DraftRow(request.cache, self._context(request), k))
+                requests.append(request)
+        if not rows:
+            return
+        drafts, seconds = self.batch_draft.propose(rows)
+        for request, row, draft in zip(requests, rows, drafts):
+            request.peeked["draft-model"] = (len(request.tokens), row.k, draft, seconds, True)
 
     def _forward(self, slots: list[int], inputs: list[list[int]], last: int | None = None):
         """Logits (n, T, V) of the rows' token lists, right-padded, each at its own offset."""

@@ -67,8 +67,10 @@ class Request:
     finish_reason: str | None = None
     started: float = field(default_factory=time.perf_counter)
     # a look-up drafter's proposal taken before the decision (Engine.peek): drafter ->
-    # (context length, k asked, draft, seconds it took); the step then drafts no second time
-    peeked: dict[str, tuple[int, int, Draft, float]] = field(default_factory=dict)
+    # (context length, k asked, draft, seconds it took, by the engine); the step then drafts
+    # no second time. By the engine (True): the batched engine's draft-model drafts, made
+    # outside any decision (engine/batch_draft.py); False: a controller's peek
+    peeked: dict[str, tuple[int, int, Draft, float, bool]] = field(default_factory=dict)
     # seconds of the peeked look-up this step's draft used: charged to its draft seconds, so
     # taken out of the controller's (the controller looked it up, but it is the drafter's work)
     lookup_seconds: float = 0.0
@@ -165,7 +167,7 @@ class Engine:
             return None
         t0 = time.perf_counter()
         draft = drafter.propose(self._context(request), k)
-        request.peeked[name] = (len(request.tokens), k, draft, time.perf_counter() - t0)
+        request.peeked[name] = (len(request.tokens), k, draft, time.perf_counter() - t0, False)
         return draft
 
     @torch.inference_mode()
@@ -205,25 +207,29 @@ class Engine:
         self.observe(rnd, accepted, emitted, verify_seconds=time.perf_counter() - t1)
         return emitted
 
+    def clamp_k(self, request: Request, k: int) -> int:
+        """k cut to what the request may still emit (the target adds one) and still fits."""
+        room = min(request.max_new_tokens - len(request.output) - 1,
+                   self.max_positions - len(request.tokens) - 1)
+        return max(0, min(k, room))
+
     def propose(self, request: Request, drafter_name: str | None, k: int) -> "Round":
         """Step 1 for one request: clamp k, ask the drafter, time it."""
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
         context = len(request.tokens) - 1  # tokens in the target's cache
-        # Draft no further than the request may still emit (the target adds one) and fits.
-        room = min(request.max_new_tokens - len(request.output) - 1,
-                   self.max_positions - context - 2)
-        k = max(0, min(k, room)) if drafter_name else 0
+        k = self.clamp_k(request, k) if drafter_name else 0
         t0 = time.perf_counter()
         drafter = self.drafter_for(request, drafter_name) if k else None
         peeked = request.peeked.pop(drafter_name, None) if drafter else None
         request.peeked.clear()  # looked up at an older context, or for another drafter
         if peeked is not None and peeked[0] == len(request.tokens) and peeked[1] >= k:
             draft, looked_up = peeked[2], peeked[3]
+            # a controller's peek ran inside its decision: its seconds leave the controller's
+            request.lookup_seconds = 0.0 if peeked[4] else looked_up
         else:
             draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
-            looked_up = 0.0
-        request.lookup_seconds = looked_up
+            looked_up = request.lookup_seconds = 0.0
         return Round(request, drafter_name if drafter else "none", k, drafter, draft,
                      draft.tokens[:k], context, time.perf_counter() - t0 + looked_up)
 

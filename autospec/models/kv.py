@@ -18,7 +18,8 @@ def cache_kwarg(model) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _keeps_logits(model_class) -> bool:
+def keeps_logits(model_class) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (the head over some positions only)."""
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
@@ -32,7 +33,7 @@ def cached_forward(model, input_ids: torch.Tensor, cache: DynamicCache, kwarg: s
     only the last `last` positions are scored (a prefill needs none or one: the LM head over a
     whole prompt costs as much as several decode steps). `inputs`: position_ids and a 4-D
     attention_mask where rows sit at their own offsets (engine/batch.py)."""
-    extra = {"logits_to_keep": last} if last is not None and _keeps_logits(type(model)) else {}
+    extra = {"logits_to_keep": last} if last is not None and keeps_logits(type(model)) else {}
     return model(input_ids=input_ids, use_cache=True, **{kwarg: cache}, **extra, **inputs).logits
 
 

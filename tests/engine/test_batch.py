@@ -212,3 +212,47 @@ def test_a_job_that_cannot_start_ends_the_run_and_frees_the_rows(tiny_pair):
     with pytest.raises(ValueError, match="request needs 50 positions"):
         engine.run([Job([1, 2], 20), Job([3, 4], 20), Job(list(range(40)), 10)])
     assert sorted(engine.cache.free) == [0, 1]
+
+
+# -- the draft model drafts every row at once --------------------------------------------
+def test_batched_drafts_equal_each_rows_own_drafter(tiny_pair):
+    """BatchDraftModel (one draft forward per position for all rows) proposes what each row's
+    own DraftModelDrafter proposes alone, step after step — after partial accepts (a stale
+    tail rolled back), full ones, and a first step that feeds a whole prompt."""
+    from autospec.drafters.base import DraftContext, create_drafter
+    from autospec.engine.batch_draft import BatchDraftModel, DraftRow
+    rng = np.random.default_rng(0)
+    vocab = tiny_pair.target.config.vocab_size
+    contexts = [rng.integers(0, vocab, n).tolist() for n in (5, 17, 9)]
+    alone = [create_drafter("draft-model", tiny_pair) for _ in contexts]
+    batched = BatchDraftModel(tiny_pair.draft, max_batch=4, max_len=128)
+    greedy = SamplingParams()
+    for step in range(6):
+        ks = [1 + (step + i) % 4 for i in range(len(contexts))]
+        rows = [DraftRow(slot, DraftContext(list(c), greedy), k)
+                for slot, (c, k) in enumerate(zip(contexts, ks))]
+        drafts, _ = batched.propose(rows)
+        for i, (c, k) in enumerate(zip(contexts, ks)):
+            assert drafts[i].tokens == alone[i].propose(DraftContext(list(c), greedy), k).tokens
+            # the "target" keeps a prefix of the draft and adds a token of its own
+            kept = int(rng.integers(0, k + 1))
+            c += drafts[i].tokens[:kept] + [int(rng.integers(0, vocab))]
+    assert batched.forwards == sum(max(1 + (s + i) % 4 for i in range(3)) for s in range(6))
+
+
+def test_a_batch_of_draft_model_rows_runs_one_draft_forward_per_position(reference_pair):
+    """Four rows on the draft model at k = 1, 2, 3, 3: each step runs 3 draft forwards (the
+    deepest row's k), not 9, and every output is plain's."""
+    prompts = ["def f(x):\n    return x\n", "import os\n", "class A:\n    pass\n", "x = [1, 2]\n"]
+    plain = plain_outputs(reference_pair, prompts, 12)
+    engine = BatchEngine(reference_pair, max_batch=4, max_len=128)
+    mix = [("draft-model", 1), ("draft-model", 2), ("draft-model", 3), ("draft-model", 3)]
+    steps = []
+    out = engine.run(jobs(prompts, 12), PerRow(mix),
+                     on_tokens=lambda r, t: steps.append(engine.batch_draft.forwards))
+    assert [g.token_ids for g in out] == plain
+    full = [s for g in out for s in g.telemetry.step_records if s.batch_size == 4]
+    assert full and all(s.drafter == "draft-model" for s in full)
+    # while all four rows run, a step adds at most 3 forwards (fewer near max_new_tokens)
+    per_step = np.diff(sorted(set(steps)))
+    assert per_step.max() <= 3
