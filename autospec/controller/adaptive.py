@@ -178,7 +178,10 @@ class AdaptiveController:
              ) -> tuple[str | None, int]:
         """The policy's own decision (what the floor is measured against)."""
         names = self.drafters
-        if state.fast_left > 0 and state.current is not None:
+        # between full decisions only K is re-chosen — but never from plain decoding: a row
+        # that went plain for want of a match must see the next match at once (in a batch,
+        # where drafters are re-chosen every BATCH_REDECIDE steps, it sat out three)
+        if state.fast_left > 0 and state.current is not None and state.current != PLAIN:
             state.fast_left -= 1
             return self._keep(state, lengths)
         every = self.settings.redecide_every if self._rows == 1 else max(BATCH_REDECIDE,
@@ -341,8 +344,9 @@ class AdaptiveController:
     def decide_batch(self, requests) -> list[tuple[str | None, int]]:
         """(drafter, K) for every row of a batch (engine/batch.py asks this way): each row's
         drafter as `decide` chooses it, then every row's K together for the batch's goodput
-        under the batch cost s(B, W) of a forward padded to its longest row (controller/batch.py) — K = 0 for all where speculation
-        no longer pays. Until the batch cost is measured, the rows' own K."""
+        under the batch cost s(B, W) of a forward padded to its longest row, plus the step's
+        per-row overhead (controller/batch.py) — K = 0 for all where speculation no longer
+        pays. Until the batch cost is measured, the rows' own K."""
         self._rows = len(requests)
         try:
             choices = [self.decide(request) for request in requests]
@@ -361,7 +365,9 @@ class AdaptiveController:
             means = self._estimate(state, drafter).mean()[:state.lengths.get(drafter, k_max)]
             gains[i, :len(means)] = np.cumprod(means)
             draft_s[i] = self.costs.draft_seconds(drafter, self.hints[drafter])
-        ks = batch_ks(gains, draft_s, *fitted)
+        a, b, c = fitted
+        # the step's overhead outside forward and drafts, paid at every width alike
+        ks = batch_ks(gains, draft_s, a + len(requests) * self.batch_cost.row_overhead, b, c)
         return [(drafter, max(int(k), self.settings.k_min)) if drafter and k else (None, 0)
                 for (drafter, _), k in zip(choices, ks)]
 
@@ -371,6 +377,11 @@ class AdaptiveController:
             # a batch's forward: every row reports it, each with 1 / rows of its weight
             self.batch_cost.observe(record.batch_size, record.batch_size * record.batch_width,
                                     record.verify_seconds, 1.0 / record.batch_size)
+            started = getattr(request, "step_started", None)
+            if started is not None:
+                self.batch_cost.observe_overhead(started, record.batch_size,
+                                                 time.perf_counter() - started
+                                                 - record.draft_seconds - record.verify_seconds)
         else:
             self.costs.observe_verify(record.verify_tokens, record.verify_seconds)
             started = getattr(request, "step_started", None)  # set by a live engine, not replay

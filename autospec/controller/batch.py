@@ -7,8 +7,9 @@ at a flat acceptance). So K is chosen for the batch's goodput — its tokens per
 for each row alone. The forward pads every row to the longest (engine/batch.py), so what it
 computes is B rows x W positions, W = 1 + the largest K of any row:
 
-    step seconds   s(B, W) = a + b B + c B W      (fitted online from the batch steps:
-                                                  BatchCost, with P = B W the padded size)
+    step seconds   s(B, W) = a + b B + c B W + o B   (a, b, c fitted online from the batch
+                                                  forwards: BatchCost, with P = B W the padded
+                                                  size; o the per-row overhead outside them)
     goodput        (B + sum_i E_i(K_i)) / (s(B, 1 + max_i K_i) + sum_i d_i K_i)
 
 with E_i(K) = sum_{j<K} prod_{l<=j} alpha_il the expected accepted tokens of row i and d_i its
@@ -25,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 MIN_BATCH_STEPS = 4.0  # (weighted) batch steps observed before the batch line is trusted
+OVERHEAD_SMOOTHING = 0.1  # EWMA weight of one step's per-row overhead
 
 
 def batch_ks(gains: np.ndarray, draft_seconds: np.ndarray, a: float, b: float, c: float,
@@ -68,6 +70,11 @@ class BatchCost:
         self._xtx = np.zeros((3, 3))
         self._xty = np.zeros(3)
         self.observed = 0.0  # discounted batch steps
+        # seconds per row a batch step pays outside its forward and its drafts (proposing,
+        # accepting, the controller, row by row): an EWMA, 0 until measured. Charged to every
+        # width alike, it is what makes fewer, longer steps worth their padding
+        self.row_overhead = 0.0
+        self._step: tuple[float, int, float] | None = None  # (step start, rows, max seen)
 
     def observe(self, rows: int, positions: int, seconds: float, weight: float = 1.0) -> None:
         """One batch step over `positions` = rows x width (a row's record may report it with
@@ -77,15 +84,32 @@ class BatchCost:
         self._xty = self._xty * self.forgetting ** weight + weight * seconds * x
         self.observed = self.observed * self.forgetting ** weight + weight
 
+    def observe_overhead(self, started: float, rows: int, seconds: float) -> None:
+        """One row's view of a batch step's overhead: the step's wall time so far less its
+        forward and the row's draft. Rows report one after another, so a step's overhead is
+        the largest of its rows' (the last to report has seen all but its own update); it is
+        folded in when the next step's first row reports."""
+        if self._step is not None and self._step[0] != started:
+            _, step_rows, worst = self._step
+            per_row = max(0.0, worst) / step_rows
+            self.row_overhead = per_row if self.row_overhead == 0.0 else \
+                self.row_overhead + OVERHEAD_SMOOTHING * (per_row - self.row_overhead)
+            self._step = None
+        if self._step is None:
+            self._step = (started, rows, seconds)
+        else:
+            self._step = (started, rows, max(self._step[2], seconds))
+
     def state(self) -> dict:
         """What restores this model exactly (JSON): the store keeps it per pair and hardware."""
         return {"xtx": self._xtx.ravel().tolist(), "xty": self._xty.tolist(),
-                "observed": self.observed}
+                "observed": self.observed, "row_overhead": self.row_overhead}
 
     def restore(self, state: dict) -> "BatchCost":
         self._xtx = np.asarray(state["xtx"], float).reshape(3, 3)
         self._xty = np.asarray(state["xty"], float).reshape(3)
         self.observed = float(state["observed"])
+        self.row_overhead = float(state.get("row_overhead", 0.0))  # absent before it was kept
         return self
 
     def line(self, anchor: tuple[float, float] | None) -> tuple[float, float, float] | None:

@@ -101,3 +101,29 @@ def test_a_batch_under_the_adaptive_controller_is_lossless(reference_pair):
         out = engine.run([Job(p, 24) for p in prompts], controller, max_batch=4)
         assert [g.token_ids for g in out] == plain
     assert controller.batch_cost.observed > 0
+
+
+def test_a_batch_step_s_overhead_is_its_slowest_row_s_view_per_row():
+    """Rows report a step one after another: the step's overhead is the largest row view,
+    charged per row, folded in when the next step's first row reports."""
+    cost = BatchCost()
+    for step, views in enumerate([(0.001, 0.003, 0.002, 0.004), (0.002, 0.008, 0.001, 0.005)]):
+        for seconds in views:
+            cost.observe_overhead(float(step), 4, seconds)
+    assert cost.row_overhead == pytest.approx(0.004 / 4)  # step 1 folded, step 2 pending
+    cost.observe_overhead(2.0, 4, 0.0)
+    assert cost.row_overhead == pytest.approx(0.001 + 0.1 * (0.002 - 0.001))
+    assert BatchCost().restore(cost.state()).row_overhead == cost.row_overhead
+
+
+def test_a_row_that_went_plain_for_want_of_a_match_drafts_at_the_next_match():
+    """In a batch the drafter is re-chosen only every few steps (K every step); a row whose
+    n-gram had no match went plain — it must not sit out the next steps that have one."""
+    controller = AdaptiveController(ControllerSettings(drafters=("ngram",)))
+    controller.costs.observe_verify(1, 0.01)  # a plain step measured: decisions may begin
+    no_match = SimRequest("r", [1, 2, 3, 4], 4, "w")
+    other = SimRequest("s", [9], 1, "w")
+    assert controller.decide_batch([no_match, other])[0] == (None, 0)
+    no_match.tokens += [1, 2, 3]  # "1 2 3" recurs: n-gram has a proposal now
+    drafter, k = controller.decide_batch([no_match, other])[0]
+    assert drafter == "ngram" and k >= 1
