@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autospec.controller.batch import BatchCost, batch_ks
+from autospec.controller.batch import BatchCost, rows_ks
 from autospec.controller.decide import PLAIN, choose_drafter, k_for
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
 from autospec.controller.floor import PLAIN_ARM, FloorState, RequestFloor
-from autospec.controller.request_state import _RequestState, _score, confidence_bucket
+from autospec.controller.request_state import (_RequestState, _score, confidence_bucket,
+                                                pooled_evidence)
 from autospec.controller.settings import ControllerSettings
 from autospec.controller.thompson import GaussianThompson
 from autospec.drafters.base import drafter_class
@@ -107,7 +108,7 @@ class AdaptiveController:
                                                        s.discount)
                           for d in self.drafters for hot in (False, True)}
             state = self._requests[request.request_id] = _RequestState(
-                acceptance, ngram=NgramIndex(*s.ngram_n), pooled=self._pooled_evidence(prior))
+                acceptance, ngram=NgramIndex(*s.ngram_n), pooled=pooled_evidence(prior, self.drafters, s.explore_pooled, s.k_max))
             for (drafter, _), estimate in acceptance.items():
                 estimate.explore = self._explore(state, drafter)
         return state
@@ -280,23 +281,6 @@ class AdaptiveController:
         """Steps on which the floor chose, over all workloads."""
         return sum(f.followed for f in self.floors.values())
 
-    def _pooled_evidence(self, prior: dict[str, AcceptanceEstimate]) -> list | None:
-        """[accepted, rejected], each D lists of k_max floats: the workload's pooled counts,
-        each drafter's scaled to at most `explore_pooled` observations (at its best-seen
-        position)."""
-        cap = self.settings.explore_pooled
-        if not cap:
-            return None
-        k_max = self.settings.k_max
-        accepted, rejected = [], []
-        for drafter in self.drafters:
-            ev_a, ev_b = prior[drafter].evidence_lists()
-            seen = max(x + y for x, y in zip(ev_a, ev_b))
-            scale = min(1.0, cap / seen) if seen > 0 else 0.0
-            accepted.append([x * scale for x in ev_a] if seen > 0 else [0.0] * k_max)
-            rejected.append([x * scale for x in ev_b] if seen > 0 else [0.0] * k_max)
-        return [accepted, rejected]
-
     def _explore(self, state: _RequestState, drafter: str) -> tuple[list, list] | None:
         """The workload's evidence a request's estimates of `drafter` draw with."""
         if state.pooled is None:
@@ -355,20 +339,21 @@ class AdaptiveController:
         fitted = self.batch_cost.line(self.costs.line()) if len(requests) > 1 else None
         if fitted is None:
             return choices
-        k_max = self.settings.k_max
-        gains = np.zeros((len(requests), k_max))
-        draft_s = np.zeros(len(requests))
-        for i, (request, (drafter, _)) in enumerate(zip(requests, choices)):
+        means, draft_s = [], []
+        for request, (drafter, _) in zip(requests, choices):
             if drafter is None:
+                means.append([])
+                draft_s.append(0.0)
                 continue
             state = self._requests[request.request_id]
-            means = self._estimate(state, drafter).mean()[:state.lengths.get(drafter, k_max)]
-            gains[i, :len(means)] = np.cumprod(means)
-            draft_s[i] = self.costs.draft_seconds(drafter, self.hints[drafter])
+            row = self._estimate(state, drafter).mean_list()
+            means.append(row[:state.lengths.get(drafter, len(row))])
+            draft_s.append(self.costs.draft_seconds(drafter, self.hints[drafter]))
         a, b, c = fitted
         # the step's overhead outside forward and drafts, paid at every width alike
-        ks = batch_ks(gains, draft_s, a + len(requests) * self.batch_cost.row_overhead, b, c)
-        return [(drafter, max(int(k), self.settings.k_min)) if drafter and k else (None, 0)
+        ks = rows_ks(means, draft_s, self.settings.k_max,
+                     a + len(requests) * self.batch_cost.row_overhead, b, c)
+        return [(drafter, max(k, self.settings.k_min)) if drafter and k else (None, 0)
                 for (drafter, _), k in zip(choices, ks)]
 
     def update(self, record: StepRecord, request) -> None:

@@ -58,6 +58,17 @@ def batch_ks(gains: np.ndarray, draft_seconds: np.ndarray, a: float, b: float, c
     return best
 
 
+def rows_ks(means: list[list[float]], draft_seconds: list[float], k_max: int, a: float,
+            b: float, c: float) -> list[int]:
+    """`batch_ks` from each row's per-position acceptance means (a row that does not draft:
+    []; a look-up's row as far as its proposal): the gains are their running products."""
+    gains = np.zeros((len(means), k_max))
+    for i, row in enumerate(means):
+        if row:
+            gains[i, :min(len(row), k_max)] = np.cumprod(row[:k_max])
+    return batch_ks(gains, np.asarray(draft_seconds, float), a, b, c).tolist()
+
+
 class BatchCost:
     """s(B, P) = a + b B + c P (P = B W, the padded positions the forward computes) by
     discounted least squares over batch steps, ridge-anchored at batch 1 on the single-row

@@ -4,9 +4,14 @@ Acceptance: a discounted Beta per draft position (conditional on every earlier p
 accepted), so it follows phase changes inside a request: each update first shrinks the evidence
 by `discount`, then adds the new observation.
 
-Cost: EWMAs of draft seconds per drafted token (per drafter) and of target verify seconds per
-number of tokens in the forward; entries never observed are filled from a least-squares line
-through the observed ones (verify cost is close to affine in tokens on a CPU).
+Cost: EWMAs of draft seconds per drafted token (per drafter); target verify seconds per forward
+size as a discounted least-squares line through every step, each size moved towards its own
+measured mean (on a CPU the cost steps rather than growing evenly); and the per-step overhead
+outside draft and verify, which every round pays (`step_list` is what decisions price).
+
+All of it is on the per-step path (issue 14: decide + update <= 1 % of a step), so in Python
+floats: right after a forward the CPU's caches are cold and a dozen numpy calls on 16-element
+arrays cost more than the loops.
 """
 from __future__ import annotations
 

@@ -59,3 +59,20 @@ def _score(proposal: list[int], verified: list[int]) -> tuple[int, int]:
     if matched == len(verified):  # censored: everything we can check was right
         return matched, matched
     return len(proposal), matched
+
+
+def pooled_evidence(prior: dict[str, AcceptanceEstimate], drafters: tuple[str, ...], cap: float,
+                    k_max: int) -> list | None:
+    """[accepted, rejected], each D lists of k_max floats: a workload's pooled counts per
+    drafter, each scaled to at most `cap` observations (at its best-seen position) — what a
+    request's drafter-choice draws add to its own posterior (explore_pooled; None: 0)."""
+    if not cap:
+        return None
+    accepted, rejected = [], []
+    for drafter in drafters:
+        ev_a, ev_b = prior[drafter].evidence_lists()
+        seen = max(x + y for x, y in zip(ev_a, ev_b))
+        scale = min(1.0, cap / seen) if seen > 0 else 0.0
+        accepted.append([x * scale for x in ev_a] if seen > 0 else [0.0] * k_max)
+        rejected.append([x * scale for x in ev_b] if seen > 0 else [0.0] * k_max)
+    return [accepted, rejected]
