@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autospec.controller.batch import BatchCost, rows_ks
-from autospec.controller.decide import PLAIN, choose_drafter, k_for
+from autospec.controller.decide import PLAIN, decide_step, k_for
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
 from autospec.controller.floor import PLAIN_ARM, FloorState, RequestFloor
 from autospec.controller.request_state import (_RequestState, _score, confidence_bucket,
@@ -104,11 +104,12 @@ class AdaptiveController:
         if state is None:
             s = self.settings
             prior = self._prior(request.workload)
-            acceptance = {(d, hot): AcceptanceEstimate(s.k_max, prior[d].mean_list(), s.prior_strength,
-                                                       s.discount)
+            acceptance = {(d, hot): AcceptanceEstimate(s.k_max, prior[d].mean_list(),
+                                                       s.prior_strength, s.discount)
                           for d in self.drafters for hot in (False, True)}
+            pooled = pooled_evidence(prior, self.drafters, s.explore_pooled, s.k_max)
             state = self._requests[request.request_id] = _RequestState(
-                acceptance, ngram=NgramIndex(*s.ngram_n), pooled=pooled_evidence(prior, self.drafters, s.explore_pooled, s.k_max))
+                acceptance, ngram=NgramIndex(*s.ngram_n), pooled=pooled)
             for (drafter, _), estimate in acceptance.items():
                 estimate.explore = self._explore(state, drafter)
         return state
@@ -205,17 +206,12 @@ class AdaptiveController:
         context = len(request.tokens)
         switch_s = [0.0 if d in state.used else
                     self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
-        verify = self.costs.step_list()
-        index = choose_drafter(draws, draft_s, verify, limits, state.current,
-                               self.settings.hysteresis, switch_s)
+        # the drafter under the draws, then its K under the means (decide.py)
+        index, k = decide_step(draws, [e.mean_list() for e in estimates], draft_s,
+                               self.costs.step_list(), k_max, state.current,
+                               self.settings.hysteresis, switch_s, limits)
         state.current = index
         if index == PLAIN:
-            return None, 0
-        # K for the winner from its posterior means: changing K costs nothing, so exploration
-        # noise buys nothing there
-        k = k_for(estimates[index].mean_list()[:limits[index]], draft_s[index], verify, k_max)
-        if k == 0:
-            state.current = PLAIN  # no K of the winner beats plain decoding under the means
             return None, 0
         return names[index], max(k, self.settings.k_min)
 

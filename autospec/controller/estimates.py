@@ -20,7 +20,7 @@ from math import sqrt
 import numpy as np
 
 DEFAULT_PRIOR_MEAN = 0.5  # acceptance before any evidence: no opinion either way
-RESIDUAL_PRIOR = 4.0  # observations of one forward size before its own mean counts half
+SIZE_PRIOR = 4.0  # observations of one forward size before its own mean counts half
 
 
 class AcceptanceEstimate:
@@ -215,7 +215,7 @@ class CostModel:
         # on this CPU v(K) is not affine — it steps (v(3) ~20 % over the line through all
         # sizes on the reference pair, K = 8..16 under it), and a line alone makes K = 3 look
         # cheap. A size's prediction is the line moved towards that mean, by n / (n +
-        # RESIDUAL_PRIOR); sizes never run keep the line.
+        # SIZE_PRIOR); sizes never run keep the line.
         self._size_mean = [0.0] * (k_max + 1)
         self._size_n = [0.0] * (k_max + 1)
         self._sums = [0.0] * 5  # discounted sum of w, x, x^2, y, x*y (Python floats)
@@ -270,20 +270,9 @@ class CostModel:
         self.observed += 1
 
     def observe_verify_many(self, verify_tokens, seconds) -> None:
-        """`observe_verify` for many steps in one pass (clipped against the prediction at the
-        start of the batch rather than step by step)."""
-        k = np.asarray(verify_tokens, float) - 1
-        y = np.asarray(seconds, float)
-        n = len(k)
-        if n == 0:
-            return
-        if self.observed >= 5:
-            predicted = self.verify_seconds()
-            y = np.minimum(y, 3 * predicted[np.minimum(k, self.k_max).astype(int)])
-        weights = self.forgetting ** np.arange(n - 1, -1, -1, dtype=float)
-        terms = np.stack([np.ones(n), k, k * k, y, k * y])  # (5, n)
-        self._sums = (np.asarray(self._sums) * self.forgetting ** n + terms @ weights).tolist()
-        self.observed += n
+        """`observe_verify` for each step in order (the daemon folds a batch of records)."""
+        for tokens, step_seconds in zip(verify_tokens, seconds):
+            self.observe_verify(int(tokens), float(step_seconds))
 
     def seed(self, base: float, slope: float, weight: float = 4.0) -> None:
         """Start from a saved line v(K) = base + slope * K (a warm start), worth `weight`
@@ -366,7 +355,7 @@ class CostModel:
         out = []
         for k, (mean, n) in enumerate(zip(self._size_mean, self._size_n)):
             at = base + slope * k
-            out.append(at + (mean - at) * n / (n + RESIDUAL_PRIOR))
+            out.append(at + (mean - at) * n / (n + SIZE_PRIOR))
         trust = self._trust()
         if trust < 1.0:  # a stale spell: the drafted sizes fade to the flat prior, out[0]
             out = [out[0]] + [trust * v + (1.0 - trust) * out[0] for v in out[1:]]

@@ -1,19 +1,8 @@
 """Continuous batching: every active request advances in ONE target forward per step.
 
 Each row of the verify forward is one request's [newest] + draft, with its own drafter and k
-(k = 0 allowed), right-padded to the longest row. Rows have their own cache lengths, which
-transformers' DynamicCache cannot hold (its crop cuts every row to one length), hence
-`RowCache`: per layer a preallocated (B_max, kv_heads, L_max, head_dim) K and V, a length per
-slot, and roll-back = setting a length, as gpt-fast does (rejected entries are overwritten by
-the next forward). A forward writes each row's real tokens at that row's own offset; row i's
-query t sits at position length_i + t and sees cache positions <= that — its own valid prefix
-and its own causal part, never another row's entries nor its padding. The mask is passed to the
-model as a 4-D additive float mask (0 = attend, dtype min = not): transformers 5.x's
-create_causal_mask returns a 4-D mask as it is (masking_utils._preprocess_mask_arguments), and
-an additive mask is right for both the sdpa and the eager attention (eager adds it; a boolean
-one would be added as 0/1). K and V are returned only up to the longest position any row of
-the forward reads (`span`), not the full L_max: attention over unused slots costs as much as
-over used ones, and on a CPU it is not free.
+(k = 0 allowed), right-padded to the longest row, in a RowCache (engine/row_cache.py: a KV
+length per row, roll-back by setting it).
 
 Choices:
 - a joining request is prefilled by a forward of its own (batch 1, into its slot): simplest
@@ -34,123 +23,15 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
 
+from autospec.engine.batch_draft import BatchDraftModel, DraftRow
 from autospec.engine.loop import Controller, Engine, Generation, Request, StaticController
+from autospec.engine.row_cache import RowCache  # noqa: F401 (engine.batch.RowCache, as before)
 from autospec.models.kv import cached_forward
-from autospec.models.pair import ModelPair, kv_shape
+from autospec.models.pair import ModelPair
 from autospec.models.sampling import SamplingParams
 
 DEFAULT_MAX_LEN = 2048  # per row, when the caller gives none (and the target allows it)
-
-
-@dataclass
-class Bound:
-    """Where the rows of the forward in progress sit in the cache (n rows, T tokens each)."""
-    slots: torch.Tensor  # (n,) the rows' slots
-    contiguous: bool  # slots are 0..n-1: read a view instead of gathering
-    write_slot: torch.Tensor  # (N,) slot of each real (non-padding) input token
-    write_pos: torch.Tensor  # (N,) its cache position
-    valid: torch.Tensor  # (n, T) bool, a real token and not padding
-    span: int  # cache positions read: max over rows of length_i + tokens_i
-
-    def read(self, store: torch.Tensor) -> torch.Tensor:
-        """(B_max, H, L_max, D) -> the forward's rows, (n, H, span, D)."""
-        if self.contiguous:
-            return store[:len(self.slots), :, :self.span]
-        return store[self.slots, :, :self.span]
-
-
-class RowLayer(CacheLayerMixin):
-    """One decoder layer's K and V for every slot: (B_max, kv_heads, L_max, head_dim)."""
-    is_sliding = False
-
-    def __init__(self, owner: "RowCache", shape: tuple[int, ...], dtype: torch.dtype,
-                 device: torch.device):
-        super().__init__()
-        self.owner = owner
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        pass  # preallocated
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """key_states (n, H, T, D): write each row's real tokens at its own offset; return the
-        rows' K and V up to the span, (n, H, span, D)."""
-        bound = self.owner.bound
-        self.keys[bound.write_slot, :, bound.write_pos] = key_states.transpose(1, 2)[bound.valid]
-        self.values[bound.write_slot, :, bound.write_pos] = value_states.transpose(1, 2)[bound.valid]
-        return bound.read(self.keys), bound.read(self.values)
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.bound.span, 0
-
-    def get_seq_length(self) -> int:
-        return max(self.owner.lengths)
-
-    def get_max_length(self) -> int:
-        return self.keys.shape[2]
-
-
-class RowCache(Cache):
-    """A KV cache of `max_batch` slots with a length each; a request holds one slot."""
-
-    def __init__(self, model, max_batch: int, max_len: int):
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        if max_len < 2:
-            raise ValueError(f"max_len must be >= 2, got {max_len}")
-        layers, kv_heads, head_dim = kv_shape(model)
-        param = next(model.parameters())
-        shape = (max_batch, kv_heads, max_len, head_dim)
-        super().__init__(layers=[RowLayer(self, shape, param.dtype, param.device)
-                                 for _ in range(layers)])
-        self.max_batch, self.max_len = max_batch, max_len
-        self.device, self.dtype = param.device, param.dtype
-        self.lengths = [0] * max_batch  # tokens cached per slot
-        self.free = list(range(max_batch))  # free slots, lowest first
-        self.bound: Bound | None = None
-
-    def claim(self) -> int:
-        """The lowest free slot, emptied."""
-        if not self.free:
-            raise ValueError(f"the batch is full: all {self.max_batch} rows (max_batch) are in use")
-        slot = self.free.pop(0)
-        self.lengths[slot] = 0
-        return slot
-
-    def release(self, slot: int) -> None:
-        if slot in self.free:
-            raise ValueError(f"slot {slot} is not in use")
-        self.lengths[slot] = 0
-        self.free.append(slot)
-        self.free.sort()
-
-    def bind(self, slots: Sequence[int], n_tokens: Sequence[int],
-             position_limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Set up a forward of rows `slots` feeding n_tokens[i] real tokens each (padded to T).
-        Returns position_ids (n, T) and the additive mask (n, 1, T, span)."""
-        lengths = torch.tensor([self.lengths[s] for s in slots])
-        counts = torch.tensor(list(n_tokens))
-        offsets = torch.arange(int(counts.max()))
-        valid = offsets[None, :] < counts[:, None]  # (n, T)
-        positions = lengths[:, None] + offsets[None, :]  # (n, T)
-        span = int((lengths + counts).max())
-        if span > self.max_len:
-            raise ValueError(f"a row would reach position {span}; rows hold {self.max_len} (max_len)")
-        slot_ids = torch.tensor(list(slots))
-        self.bound = Bound(slot_ids.to(self.device), list(slots) == list(range(len(slots))),
-                           slot_ids[:, None].expand_as(valid)[valid].to(self.device),
-                           positions[valid].to(self.device), valid.to(self.device), span)
-        # row i's query t (position length_i + t) sees cache positions 0 .. length_i + t
-        allowed = torch.arange(span)[None, None, :] <= positions[:, :, None]  # (n, T, span)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        # padding may run past the model's positions (learned embeddings): its output is unused
-        position_ids = positions.clamp(max=position_limit - 1)
-        return position_ids.to(self.device), mask[:, None].to(self.device)
 
 
 def decide_batch(controller: Controller, requests: Sequence[Request]) -> list[tuple[str | None, int]]:
@@ -187,7 +68,6 @@ class BatchEngine(Engine):
         # the draft model drafts for all its rows at once (engine/batch_draft.py)
         self.batch_draft = None
         if models.draft is not None:
-            from autospec.engine.batch_draft import BatchDraftModel
             self.batch_draft = BatchDraftModel(models.draft, max_batch, max_len)
 
     @property
@@ -273,7 +153,6 @@ class BatchEngine(Engine):
         each is charged the whole drafting's seconds (every row waited for all of it)."""
         if self.batch_draft is None:
             return
-        from autospec.engine.batch_draft import DraftRow
         rows, requests = [], []
         for request, name, k in decisions:
             k = self.clamp_k(request, k) if name == "draft-model" else 0

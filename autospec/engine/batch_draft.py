@@ -1,7 +1,7 @@
 """The draft model under batching: every row that chose it drafts in ONE draft forward per
 draft position, not one forward per row and position.
 
-The draft model gets a RowCache of its own (engine/batch.py), slot for slot beside the
+The draft model gets a RowCache of its own (engine/row_cache.py), slot for slot beside the
 target's, and per slot `fed`: the tokens its cache holds. A step's rows each keep the longest
 prefix of `fed` their context still agrees with (a rejection leaves a stale tail; rolling back
 is setting the length), then position 0 runs every row's pending tokens (usually the bonus
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from autospec.drafters.base import Draft, DraftContext, agreeing_prefix
-from autospec.engine.batch import RowCache
+from autospec.engine.row_cache import RowCache
 from autospec.models.kv import keeps_logits, cache_kwarg
 from autospec.models.pair import kv_bytes_per_token, weight_bytes
 from autospec.models.sampling import probs_from_logits, sample
