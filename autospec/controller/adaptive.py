@@ -74,6 +74,11 @@ class AdaptiveController:
                              if d != "ngram" and drafter_class(d).peekable)
         self.batch_cost = BatchCost()  # s(B, P) of a batched step (controller/batch.py)
         self._rows = 1  # rows of the batch being decided (decide_batch)
+        # a row's prices in the batch being decided (decide_batch, `_batch_prices`): its share
+        # of the batch step per K, and what a second of drafting costs in those units
+        self._step_prices: list[float] | None = None
+        self._stall = 1.0
+        self._batch_k = False  # whether decide_batch re-chooses the rows' K after `decide`
 
     # -- state ---------------------------------------------------------------------------
     def _prior(self, workload: str | None) -> dict[str, AcceptanceEstimate]:
@@ -200,15 +205,16 @@ class AdaptiveController:
         else:
             draws = [e.mean_list() for e in estimates]
         hints = self.hints
-        draft_s = [self.costs.draft_seconds(d, hints[d]) for d in names]
+        steps, stall = self._prices()
+        draft_s = [stall * self.costs.draft_seconds(d, hints[d]) for d in names]
         # a drafter not yet run in this request first prefills its cache with the whole
         # context: charge that, spread over the rounds a switch would serve
         context = len(request.tokens)
         switch_s = [0.0 if d in state.used else
-                    self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
+                    stall * self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
         # the drafter under the draws, then its K under the means (decide.py)
         index, k = decide_step(draws, [e.mean_list() for e in estimates], draft_s,
-                               self.costs.step_list(), k_max, state.current,
+                               steps, k_max, state.current,
                                self.settings.hysteresis, switch_s, limits)
         state.current = index
         if index == PLAIN:
@@ -247,10 +253,13 @@ class AdaptiveController:
         if state.current == PLAIN:
             return None, 0
         drafter = self.drafters[state.current]
+        if self._batch_k:
+            return drafter, 1  # the batch chooses every row's K together (decide_batch)
         means = self._estimate(state, drafter).mean_list()
         means = means[:lengths.get(drafter, len(means))]
-        k = k_for(means, self.costs.draft_seconds(drafter, self.hints[drafter]),
-                  self.costs.step_list(), self.settings.k_max)
+        steps, stall = self._prices()
+        k = k_for(means, stall * self.costs.draft_seconds(drafter, self.hints[drafter]),
+                  steps, self.settings.k_max)
         return (drafter, max(k, self.settings.k_min)) if k else (None, 0)
 
     def _replay_floor(self, state: _RequestState, request) -> None:
@@ -327,16 +336,58 @@ class AdaptiveController:
         under the batch cost s(B, W) of a forward padded to its longest row, plus the step's
         per-row overhead (controller/batch.py) — K = 0 for all where speculation no longer
         pays. Until the batch cost is measured, the rows' own K."""
-        self._rows = len(requests)
+        fitted = self.batch_cost.line(self.costs.line()) if len(requests) > 1 else None
+        if fitted is not None:
+            a, b, c = fitted
+            a += len(requests) * self.batch_cost.row_overhead  # paid at every width alike
+            self._batch_prices(len(requests), a, b, c)
+        elif len(requests) > 1:
+            # the batch's cost not measured yet: priced as a memory-bound forward (a batch
+            # step costs what one row's does), so a row's share is 1/B of a batch-1 step and
+            # its drafting stalls B rows — the same decision as batch-1 prices with drafting
+            # seconds x B (`_stall`)
+            self._step_prices, self._stall = self.costs.step_list(), float(len(requests))
+        self._rows, self._batch_k = len(requests), fitted is not None
         try:
             choices = [self.decide(request) for request in requests]
         finally:
-            self._rows = 1
-        fitted = self.batch_cost.line(self.costs.line()) if len(requests) > 1 else None
+            self._rows, self._step_prices, self._stall, self._batch_k = 1, None, 1.0, False
         if fitted is None:
             return choices
+        drafters = [drafter for drafter, _ in choices]
+        ks = self._batch_ks(requests, drafters, a, b, c)
+        # a row whose drafter does not pay in this batch (an exploring draw of a costly
+        # drafter, say) drafts with n-gram where it has a proposal, rather than decoding plain
+        fallback = [d if k or "ngram" not in self._requests[r.request_id].lengths else "ngram"
+                    for r, d, k in zip(requests, drafters, ks)]
+        if fallback != drafters:
+            drafters, ks = fallback, self._batch_ks(requests, fallback, a, b, c)
+        return [(drafter, max(k, self.settings.k_min)) if drafter and k else (None, 0)
+                for drafter, k in zip(drafters, ks)]
+
+    def _prices(self) -> tuple[list[float], float]:
+        """(step seconds per K, the factor on drafting seconds) a row's decision compares:
+        batch 1's, or the row's share of the batch being decided (`_batch_prices`)."""
+        if self._step_prices is None:
+            return self.costs.step_list(), 1.0
+        return self._step_prices, self._stall
+
+    def _batch_prices(self, rows: int, a: float, b: float, c: float) -> None:
+        """A row of a `rows`-row batch pays its share of the step, s(B, K+1) / B = a / B + b +
+        c (K+1), while a second it spends drafting stalls the whole batch: at the batch's rate
+        R = 1 / share that second costs R of its tokens — what a decision from share prices
+        and drafting seconds as they are compares (the marginal rule of controller/batch.py).
+        A costly drafter, or its first prefill, is priced for the batch it would hold up."""
+        per_row = (a + b * rows) / rows
+        self._step_prices = [per_row + c * (k + 1) for k in range(self.settings.k_max + 1)]
+        self._stall = 1.0
+
+    def _batch_ks(self, requests, drafters: list[str | None], a: float, b: float,
+                  c: float) -> list[int]:
+        """Every row's K for the batch's goodput (controller/batch.py), each row drafting with
+        its drafter (None: plain) from its estimate's means, as far as its proposal reaches."""
         means, draft_s = [], []
-        for request, (drafter, _) in zip(requests, choices):
+        for request, drafter in zip(requests, drafters):
             if drafter is None:
                 means.append([])
                 draft_s.append(0.0)
@@ -345,12 +396,7 @@ class AdaptiveController:
             row = self._estimate(state, drafter).mean_list()
             means.append(row[:state.lengths.get(drafter, len(row))])
             draft_s.append(self.costs.draft_seconds(drafter, self.hints[drafter]))
-        a, b, c = fitted
-        # the step's overhead outside forward and drafts, paid at every width alike
-        ks = rows_ks(means, draft_s, self.settings.k_max,
-                     a + len(requests) * self.batch_cost.row_overhead, b, c)
-        return [(drafter, max(k, self.settings.k_min)) if drafter and k else (None, 0)
-                for (drafter, _), k in zip(choices, ks)]
+        return rows_ks(means, draft_s, self.settings.k_max, a, b, c)
 
     def update(self, record: StepRecord, request) -> None:
         state = self._state(request)

@@ -18,8 +18,12 @@ choice is a width: for each W, every row drafts what pays within it — a prefix
 positions, since a token's gain prod_{l<=j} alpha_il falls with j while its price d_i does not:
 all W - 1 for a free look-up drafter, fewer where drafting costs — and the best W wins.
 Dinkelbach's iteration on the goodput R (a token is taken where its gain beats R d_i; R is
-recomputed) ends in a few rounds, over a (B, K_max + 1) table for every width at once
-(`batch_ks`). W = 1 (K = 0 for every row) when no draft pays for its padding.
+recomputed) ends in a few rounds, every width priced at once in each (`goodput_ks`, Python
+floats: it runs once a batch step, where numpy's per-call cost was most of its time; `batch_ks`
+the same on arrays). W = 1 (K = 0 for every row) when no draft pays for its padding.
+
+The same marginal rule prices each row's drafter choice in a batch (adaptive.decide_batch): a
+row pays its share s / B of the step, and a second of its drafting stalls every row.
 """
 from __future__ import annotations
 
@@ -29,29 +33,65 @@ MIN_BATCH_STEPS = 4.0  # (weighted) batch steps observed before the batch line i
 OVERHEAD_SMOOTHING = 0.1  # EWMA weight of one step's per-row overhead
 
 
-def batch_ks(gains: np.ndarray, draft_seconds: np.ndarray, a: float, b: float, c: float,
-             rounds: int = 6) -> np.ndarray:
+def batch_ks(gains, draft_seconds, a: float, b: float, c: float, rounds: int = 6) -> np.ndarray:
     """K per row maximising the batch's goodput (see the module docstring).
 
     gains: (B, K_max) expected extra tokens of each row's (j+1)-th drafted token, falling in
     j (0 where the row cannot draft that far); draft_seconds: (B,) seconds a drafted token of
     that row costs its drafter; a, b, c: the step's cost s = a + b B + c B W. Returns (B,) ints."""
-    rows, k_max = gains.shape
-    widths = np.arange(k_max + 1)  # K* = W - 1, the longest draft allowed
-    cum = np.concatenate([np.zeros((rows, 1)), np.cumsum(gains, axis=1)], axis=1)  # E_i(k)
-    forward = a + b * rows + c * rows * (widths + 1)  # (K_max + 1,) seconds per width
-    rate = rows / forward[0]
-    best = np.zeros(rows, dtype=int)
+    gains = np.asarray(gains, float)
+    rows = [[g for g in row if g > 0.0] for row in gains.tolist()]  # falling: a prefix
+    return np.array(goodput_ks(rows, np.asarray(draft_seconds, float).tolist(), gains.shape[1],
+                               a, b, c, rounds), dtype=int)
+
+
+def goodput_ks(gains: list[list[float]], draft_seconds: list[float], k_max: int, a: float,
+               b: float, c: float, rounds: int = 6) -> list[int]:
+    """`batch_ks` on Python lists (the controller's path, once a step: no numpy dispatch): each
+    row's gains as far as it can draft. Every round: each row's free length (the prefix of
+    its gains that beat R d_i), then every width's tokens and seconds at once — a row adds its
+    running sum up to its free length and stays at it beyond (a running tail) — O(rows x free
+    length + K_max)."""
+    n = len(gains)
+    forward = [a + b * n + c * n * (w + 1) for w in range(k_max + 1)]
+    cums = []
+    for row in gains:
+        cum, total = [0.0], 0.0
+        for g in row[:k_max]:
+            total += g
+            cum.append(total)
+        cums.append(cum)
+    rate = n / forward[0]
+    best = [0] * n
     for _ in range(rounds):
-        # each row's free length: the prefix of its positions whose gain beats its price
-        free = np.cumprod(gains > rate * draft_seconds[:, None], axis=1).sum(axis=1)  # (B,)
-        ks = np.minimum(free[:, None], widths[None, :])  # (B, K_max + 1): K_i at each width
-        tokens = rows + np.take_along_axis(cum, ks, axis=1).sum(axis=0)
-        seconds = forward + (ks * draft_seconds[:, None]).sum(axis=0)
-        goodput = tokens / seconds
-        width = int(np.argmax(goodput))
-        new_rate = float(goodput[width])
-        best = ks[:, width]
+        frees = []
+        for row, d in zip(gains, draft_seconds):
+            price, free = rate * d, 0
+            for g in row[:k_max]:
+                if g <= price:
+                    break
+                free += 1
+            frees.append(free)
+        top = max(frees)
+        tokens = [float(n)] * (top + 1)
+        seconds = forward[:top + 1]
+        tail_tokens = [0.0] * (top + 2)
+        tail_seconds = [0.0] * (top + 2)
+        for cum, d, free in zip(cums, draft_seconds, frees):
+            for w in range(1, free):  # widths below the row's free length: it drafts w
+                tokens[w] += cum[w]
+                seconds[w] += d * w
+            tail_tokens[free] += cum[free]  # from its free length on: it drafts all of it
+            tail_seconds[free] += d * free
+        run_tokens = run_seconds = 0.0
+        width, new_rate = 0, -1.0
+        for w in range(top + 1):
+            run_tokens += tail_tokens[w]
+            run_seconds += tail_seconds[w]
+            goodput = (tokens[w] + run_tokens) / (seconds[w] + run_seconds)
+            if goodput > new_rate:
+                width, new_rate = w, goodput
+        best = [min(free, width) for free in frees]
         if abs(new_rate - rate) <= 1e-9 * rate:
             break
         rate = new_rate
@@ -60,13 +100,18 @@ def batch_ks(gains: np.ndarray, draft_seconds: np.ndarray, a: float, b: float, c
 
 def rows_ks(means: list[list[float]], draft_seconds: list[float], k_max: int, a: float,
             b: float, c: float) -> list[int]:
-    """`batch_ks` from each row's per-position acceptance means (a row that does not draft:
+    """`goodput_ks` from each row's per-position acceptance means (a row that does not draft:
     []; a look-up's row as far as its proposal): the gains are their running products."""
-    gains = np.zeros((len(means), k_max))
-    for i, row in enumerate(means):
-        if row:
-            gains[i, :min(len(row), k_max)] = np.cumprod(row[:k_max])
-    return batch_ks(gains, np.asarray(draft_seconds, float), a, b, c).tolist()
+    gains = []
+    for row in means:
+        gain, running = [], 1.0
+        for alpha in row[:k_max]:
+            running *= alpha
+            if running <= 0.0:
+                break
+            gain.append(running)
+        gains.append(gain)
+    return goodput_ks(gains, draft_seconds, k_max, a, b, c)
 
 
 class BatchCost:
@@ -78,22 +123,29 @@ class BatchCost:
     def __init__(self, forgetting: float = 0.98, anchor_weight: float = 4.0):
         self.forgetting = forgetting
         self.anchor_weight = anchor_weight
-        self._xtx = np.zeros((3, 3))
-        self._xty = np.zeros(3)
+        # the normal equations in Python floats (a row's step folds in once per row, per step)
+        self._xtx = [[0.0] * 3 for _ in range(3)]
+        self._xty = [0.0] * 3
         self.observed = 0.0  # discounted batch steps
         # seconds per row a batch step pays outside its forward and its drafts (proposing,
         # accepting, the controller, row by row): an EWMA, 0 until measured. Charged to every
         # width alike, it is what makes fewer, longer steps worth their padding
         self.row_overhead = 0.0
         self._step: tuple[float, int, float] | None = None  # (step start, rows, max seen)
+        self._line: tuple | None = None  # (anchor, (a, b, c)) until the next observation
 
     def observe(self, rows: int, positions: int, seconds: float, weight: float = 1.0) -> None:
         """One batch step over `positions` = rows x width (a row's record may report it with
         weight 1 / rows)."""
-        x = np.array([1.0, rows, positions])
-        self._xtx = self._xtx * self.forgetting ** weight + weight * np.outer(x, x)
-        self._xty = self._xty * self.forgetting ** weight + weight * seconds * x
-        self.observed = self.observed * self.forgetting ** weight + weight
+        x = (1.0, float(rows), float(positions))
+        keep = self.forgetting ** weight
+        for i in range(3):
+            row = self._xtx[i]
+            for j in range(3):
+                row[j] = row[j] * keep + weight * x[i] * x[j]
+            self._xty[i] = self._xty[i] * keep + weight * seconds * x[i]
+        self.observed = self.observed * keep + weight
+        self._line = None
 
     def observe_overhead(self, started: float, rows: int, seconds: float) -> None:
         """One row's view of a batch step's overhead: the step's wall time so far less its
@@ -113,32 +165,61 @@ class BatchCost:
 
     def state(self) -> dict:
         """What restores this model exactly (JSON): the store keeps it per pair and hardware."""
-        return {"xtx": self._xtx.ravel().tolist(), "xty": self._xty.tolist(),
+        return {"xtx": [v for row in self._xtx for v in row], "xty": list(self._xty),
                 "observed": self.observed, "row_overhead": self.row_overhead}
 
     def restore(self, state: dict) -> "BatchCost":
-        self._xtx = np.asarray(state["xtx"], float).reshape(3, 3)
-        self._xty = np.asarray(state["xty"], float).reshape(3)
+        flat = [float(v) for v in state["xtx"]]
+        self._xtx = [flat[0:3], flat[3:6], flat[6:9]]
+        self._xty = [float(v) for v in state["xty"]]
         self.observed = float(state["observed"])
         self.row_overhead = float(state.get("row_overhead", 0.0))  # absent before it was kept
+        self._line = None
         return self
 
     def line(self, anchor: tuple[float, float] | None) -> tuple[float, float, float] | None:
         """(a, b, c), with batch 1 anchored to the single-row line v(K) = base + slope K
         (`anchor`, CostModel.line()); without one (a server that never ran a batch of one),
-        b = 0 and s = a + c P. None before MIN_BATCH_STEPS batch steps."""
+        b = 0 and s = a + c P. None before MIN_BATCH_STEPS batch steps. Kept until the next
+        observation (every row of a batch asks)."""
         if self.observed < MIN_BATCH_STEPS:
             return None
-        xtx, xty = self._xtx.copy(), self._xty.copy()
+        if self._line is not None and self._line[0] == anchor:
+            return self._line[1]
+        xtx = [row[:] for row in self._xtx]
+        xty = self._xty[:]
         if anchor is None:
-            keep = [0, 2]
-            a, c = np.linalg.solve(xtx[np.ix_(keep, keep)] + 1e-12 * np.eye(2), xty[keep])
-            return float(a), 0.0, max(float(c), 0.0)
-        base, slope = anchor
-        w = self.anchor_weight
-        for k in (0.0, 8.0):  # v(0) and v(8) of the single-row line, at B = 1, P = K + 1
-            x = np.array([1.0, 1.0, k + 1])
-            xtx += w * np.outer(x, x)
-            xty += w * (base + slope * k) * x
-        a, b, c = np.linalg.solve(xtx + 1e-12 * np.eye(3), xty)
-        return float(a), float(b), max(float(c), 0.0)
+            a, c = _solve([[xtx[0][0], xtx[0][2]], [xtx[2][0], xtx[2][2]]], [xty[0], xty[2]])
+            fitted = (a, 0.0, max(c, 0.0))
+        else:
+            base, slope = anchor
+            w = self.anchor_weight
+            for k in (0.0, 8.0):  # v(0) and v(8) of the single-row line, at B = 1, P = K + 1
+                x = (1.0, 1.0, k + 1)
+                for i in range(3):
+                    for j in range(3):
+                        xtx[i][j] += w * x[i] * x[j]
+                    xty[i] += w * (base + slope * k) * x[i]
+            a, b, c = _solve(xtx, xty)
+            fitted = (a, b, max(c, 0.0))
+        self._line = (anchor, fitted)
+        return fitted
+
+
+def _solve(m: list[list[float]], v: list[float]) -> list[float]:
+    """m x = v for a small symmetric positive semi-definite m (Gaussian elimination with a
+    1e-12 ridge, as np.linalg.solve on m + 1e-12 I)."""
+    n = len(v)
+    a = [[m[i][j] + (1e-12 if i == j else 0.0) for j in range(n)] + [v[i]] for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        a[col], a[pivot] = a[pivot], a[col]
+        p = a[col][col]
+        for r in range(col + 1, n):
+            f = a[r][col] / p
+            for j in range(col, n + 1):
+                a[r][j] -= f * a[col][j]
+    x = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        x[i] = (a[i][n] - sum(a[i][j] * x[j] for j in range(i + 1, n))) / a[i][i]
+    return x

@@ -127,3 +127,53 @@ def test_a_row_that_went_plain_for_want_of_a_match_drafts_at_the_next_match():
     no_match.tokens += [1, 2, 3]  # "1 2 3" recurs: n-gram has a proposal now
     drafter, k = controller.decide_batch([no_match, other])[0]
     assert drafter == "ngram" and k >= 1
+
+
+def _costly_drafter_controller() -> AdaptiveController:
+    """n-gram poorer but free, the draft model sure but costing 3 ms a token against a 10 ms
+    step: at batch 1 the draft model pays (0.95 tokens for 3 ms of a 10 ms step)."""
+    controller = AdaptiveController(ControllerSettings(
+        drafters=("ngram", "draft-model"), thompson=False, floor=False, counterfactual=False,
+        prior_means={"ngram": 0.3, "draft-model": 0.95}))
+    controller.costs.observe_verify(1, 0.010)
+    controller.costs.observe_verify(5, 0.011)
+    controller.costs.observe_draft("draft-model", 0.003, 1)
+    return controller
+
+
+def _measure_batch(controller: AdaptiveController) -> None:
+    """Batch steps of 16 rows on the plane whose batch-1 cut is the single-row line above:
+    s = 9.25 ms + 0.5 ms a row + 0.25 ms a padded position (compute-bound at 16 rows)."""
+    for width in (1, 3, 5, 9) * 2:
+        controller.batch_cost.observe(16, 16 * width, 0.00925 + 0.0005 * 16 + 0.00025 * 16 * width)
+
+
+def _rows(n: int) -> list[SimRequest]:
+    return [SimRequest(f"r{i}", [7, 8, 9, 7, 8, 9, 7, 8], 8, "w") for i in range(n)]  # 7 8 recurs
+
+
+def test_a_drafter_that_stalls_the_batch_is_priced_for_the_batch():
+    """A second of drafting holds up every row of a batch: a drafter worth its cost alone is
+    not in a batch of 16 — before the batch's cost is measured (a memory-bound forward
+    assumed) and after — and the rows draft with n-gram instead of decoding plain."""
+    controller = _costly_drafter_controller()
+    assert controller.decide(_rows(1)[0])[0] == "draft-model"
+    rows = _rows(16)
+    assert {drafter for drafter, _ in controller.decide_batch(rows)} == {"ngram"}
+    _measure_batch(controller)
+    choices = controller.decide_batch(rows)
+    assert {drafter for drafter, _ in choices} == {"ngram"} and all(k >= 1 for _, k in choices)
+
+
+def test_a_row_kept_on_a_drafter_the_batch_will_not_pay_for_drafts_with_ngram():
+    """Between full decisions a row keeps its drafter and the batch re-chooses K: where the
+    batch gives that drafter K = 0, the row drafts n-gram's proposal rather than going plain."""
+    controller = _costly_drafter_controller()
+    rows = _rows(16)
+    _measure_batch(controller)
+    for request in rows:  # each row chose the draft model at batch 1 and is kept on it
+        assert controller.decide(request)[0] == "draft-model"
+        controller._requests[request.request_id].fast_left = 3
+    controller.costs.observe_draft("draft-model", 0.050, 1)  # now it costs more than a step
+    choices = controller.decide_batch(rows)
+    assert {drafter for drafter, _ in choices} == {"ngram"} and all(k >= 1 for _, k in choices)
