@@ -81,7 +81,7 @@ def check_pair_args(pair, target, draft) -> None:
 
 def load_engine(target, draft, dtype, pair=None, drafter_options: dict | None = None):
     """Engine or a ClickException naming what is wrong (no traceback for bad input)."""
-    from autospec.engine.loop import Engine
+    from autospec.engine.loop import Engine, freeze_heap
     from autospec.models.pair import ModelLoadError, load_pair
     from autospec.models.pairs import load_named_pair
     check_pair_args(pair, target, draft)
@@ -89,4 +89,6 @@ def load_engine(target, draft, dtype, pair=None, drafter_options: dict | None = 
         models = load_named_pair(pair, dtype) if pair else load_pair(target, draft, dtype)
     except ModelLoadError as exc:
         raise click.ClickException(str(exc)) from None
-    return Engine(models, drafter_options)
+    engine = Engine(models, drafter_options)
+    freeze_heap()  # the models live as long as the command: out of the collector's walks
+    return engine

@@ -149,8 +149,6 @@ class AdaptiveController:
     # -- the fast path -------------------------------------------------------------------
     def decide(self, request) -> tuple[str | None, int]:
         state = self._state(request)
-        if self.costs.observed == 0 and self.batch_cost.observed == 0:
-            return None, 0  # first step of the engine's life: measure a plain step first
         names = self.drafters
         proposal = None
         if "ngram" in names:
@@ -169,6 +167,11 @@ class AdaptiveController:
                         state.bucket[drafter] = confidence_bucket(draft)
                     state.looked[drafter] = (len(request.tokens), draft.tokens)
         state.lengths = lengths
+        if self.costs.observed == 0 and self.batch_cost.observed == 0:
+            # first step of the engine's life: measure a plain step first (n-gram looked up
+            # all the same: its index of the prompt is the drafter's work, and the
+            # counterfactual scores this step from it)
+            return None, 0
         if self.use_floor and self._rows == 1:  # the floor's arms are priced at batch 1
             if state.floor is None:
                 state.floor = RequestFloor(self.floor_ks, len(request.tokens))

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from autospec.controller.estimates import RunningMedian
+
 MIN_BATCH_STEPS = 4.0  # (weighted) batch steps observed before the batch line is trusted
-OVERHEAD_SMOOTHING = 0.1  # EWMA weight of one step's per-row overhead
 
 
 def batch_ks(gains, draft_seconds, a: float, b: float, c: float, rounds: int = 6) -> np.ndarray:
@@ -128,9 +129,10 @@ class BatchCost:
         self._xty = [0.0] * 3
         self.observed = 0.0  # discounted batch steps
         # seconds per row a batch step pays outside its forward and its drafts (proposing,
-        # accepting, the controller, row by row): an EWMA, 0 until measured. Charged to every
-        # width alike, it is what makes fewer, longer steps worth their padding
-        self.row_overhead = 0.0
+        # accepting, the controller, row by row): the running median of the steps' (robust to
+        # a one-off pause), 0 until measured. Charged to every width alike, it is what makes
+        # fewer, longer steps worth their padding
+        self._overhead = RunningMedian()
         self._step: tuple[float, int, float] | None = None  # (step start, rows, max seen)
         self._line: tuple | None = None  # (anchor, (a, b, c)) until the next observation
 
@@ -154,14 +156,17 @@ class BatchCost:
         folded in when the next step's first row reports."""
         if self._step is not None and self._step[0] != started:
             _, step_rows, worst = self._step
-            per_row = max(0.0, worst) / step_rows
-            self.row_overhead = per_row if self.row_overhead == 0.0 else \
-                self.row_overhead + OVERHEAD_SMOOTHING * (per_row - self.row_overhead)
+            self._overhead.observe(max(0.0, worst) / step_rows)
             self._step = None
         if self._step is None:
             self._step = (started, rows, seconds)
         else:
             self._step = (started, rows, max(self._step[2], seconds))
+
+    @property
+    def row_overhead(self) -> float:
+        """Seconds per row a batch step pays outside its forward and drafts."""
+        return self._overhead.value
 
     def state(self) -> dict:
         """What restores this model exactly (JSON): the store keeps it per pair and hardware."""
@@ -173,7 +178,7 @@ class BatchCost:
         self._xtx = [flat[0:3], flat[3:6], flat[6:9]]
         self._xty = [float(v) for v in state["xty"]]
         self.observed = float(state["observed"])
-        self.row_overhead = float(state.get("row_overhead", 0.0))  # absent before it was kept
+        self._overhead.seed(float(state.get("row_overhead", 0.0)))  # absent before it was kept
         self._line = None
         return self
 

@@ -15,6 +15,8 @@ arrays cost more than the loops.
 """
 from __future__ import annotations
 
+from collections import deque
+
 from math import sqrt
 
 import numpy as np
@@ -182,6 +184,29 @@ class AcceptanceEstimate:
         return self
 
 
+class RunningMedian:
+    """The median of the last `window` observations (0.0 before any): what a per-step
+    overhead is estimated by. A mean would take in a one-off pause — a full garbage
+    collection (165 ms against a 0.1 ms overhead on the reference pair), a page fault, a
+    first call's lazy set-up — and price every decision by it for dozens of steps."""
+
+    def __init__(self, window: int = 9):
+        self._last: deque[float] = deque(maxlen=window)
+        self.value = 0.0
+
+    def observe(self, x: float) -> None:
+        self._last.append(x)
+        ordered = sorted(self._last)
+        n = len(ordered)
+        self.value = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+    def seed(self, x: float) -> None:
+        """Start from a kept value (a restored state) as if observed once."""
+        self._last.clear()
+        if x:
+            self.observe(x)
+
+
 class CostModel:
     """Seconds per drafted token per drafter (EWMA), and target verify seconds as an affine
     function of the forward's size, v(K) = base + slope * K, fitted by discounted least squares
@@ -208,8 +233,7 @@ class CostModel:
         self.prefill: dict[str, float] = {}  # drafter -> seconds per context token at start-up
         # seconds every step pays besides its draft and its verify forward (the engine's own
         # work: accept, roll back, telemetry, the controller): an EWMA, 0 until measured
-        self.overhead = 0.0
-        self._overhead_seen = False
+        self._overhead = RunningMedian()
         self._step: list[float] | None = None
         # per forward size, a discounted mean of its measured seconds and its discounted count:
         # on this CPU v(K) is not affine — it steps (v(3) ~20 % over the line through all
@@ -302,11 +326,14 @@ class CostModel:
 
     def observe_overhead(self, seconds: float) -> None:
         """One step's seconds outside its draft and its verify forward (the engine measures
-        them: Request.step_started); clipped at 0."""
-        seconds = max(0.0, seconds)
-        self.overhead += self.smoothing * (seconds - self.overhead) if self._overhead_seen else seconds
-        self._overhead_seen = True
+        them: Request.step_started); clipped at 0. The estimate is their running median."""
+        self._overhead.observe(max(0.0, seconds))
         self._step = None
+
+    @property
+    def overhead(self) -> float:
+        """Seconds a step pays outside its draft and verify (0 until measured)."""
+        return self._overhead.value
 
     def step_list(self) -> list[float]:
         """(k_max+1) predicted seconds of a step whose forward holds K+1 tokens, draft aside:

@@ -10,7 +10,9 @@ adaptive one in autospec/controller/) decides them between steps.
 """
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import itertools
 import time
 import uuid
@@ -32,6 +34,27 @@ class Controller(Protocol):
     def decide(self, request: "Request") -> tuple[str | None, int]: ...
     def update(self, record: StepRecord, request: "Request") -> None: ...
 
+
+
+_heap_collected = False
+
+
+def freeze_heap() -> None:
+    """Move every object alive now out of the cyclic garbage collector's reach (gc.freeze),
+    after one full collection per process. Called once the models are loaded (the CLI's
+    engines, `autospec.load`): a full collection otherwise walks the models' modules,
+    parameters, tokenizer and the libraries' own objects (~470k on the reference pair) and
+    took 10-160 ms, seven times in a three-run bench at 16 rows — a pause in some step's
+    inter-token latency and in whichever phase it fell (once a whole run's controller share).
+    Frozen objects are still freed by reference counting; only cycles among them wait."""
+    global _heap_collected
+    if not _heap_collected:
+        gc.collect()
+        # thawed at exit, so the interpreter's last collection still frees them (nanobind's
+        # extensions, triton's, report what is left as leaks)
+        atexit.register(gc.unfreeze)
+        _heap_collected = True
+    gc.freeze()
 
 @dataclass
 class StaticController:
@@ -71,8 +94,9 @@ class Request:
     # no second time. By the engine (True): the batched engine's draft-model drafts, made
     # outside any decision (engine/batch_draft.py); False: a controller's peek
     peeked: dict[str, tuple[int, int, Draft, float, bool]] = field(default_factory=dict)
-    # seconds of the peeked look-up this step's draft used: charged to its draft seconds, so
-    # taken out of the controller's (the controller looked it up, but it is the drafter's work)
+    # seconds of the controller's peeked look-ups this step (the one its draft used and any it
+    # did not): charged to its draft seconds, so taken out of the controller's (the
+    # controller looked them up, but indexing and matching are the drafters' work)
     lookup_seconds: float = 0.0
     # when this step's decision began (perf_counter): the controller learns the step's
     # overhead from it (wall time less draft and verify); None outside a live loop (replay)
@@ -222,16 +246,22 @@ class Engine:
         t0 = time.perf_counter()
         drafter = self.drafter_for(request, drafter_name) if k else None
         peeked = request.peeked.pop(drafter_name, None) if drafter else None
+        # look-ups a controller made to decide but the step does not draft from (another
+        # drafter's, or any where the step is plain) are still the drafters' work — indexing
+        # the tokens they will look up next — so they count as this step's draft seconds
+        unused = sum(p[3] for p in request.peeked.values() if not p[4])
         request.peeked.clear()  # looked up at an older context, or for another drafter
         if peeked is not None and peeked[0] == len(request.tokens) and peeked[1] >= k:
             draft, looked_up = peeked[2], peeked[3]
-            # a controller's peek ran inside its decision: its seconds leave the controller's
-            request.lookup_seconds = 0.0 if peeked[4] else looked_up
         else:
+            if peeked is not None and not peeked[4]:
+                unused += peeked[3]
             draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
-            looked_up = request.lookup_seconds = 0.0
+            peeked, looked_up = None, 0.0
+        # a controller's peeks ran inside its decision: their seconds leave the controller's
+        request.lookup_seconds = unused + (looked_up if peeked is not None and not peeked[4] else 0.0)
         return Round(request, drafter_name if drafter else "none", k, drafter, draft,
-                     draft.tokens[:k], context, time.perf_counter() - t0 + looked_up)
+                     draft.tokens[:k], context, time.perf_counter() - t0 + looked_up + unused)
 
     @staticmethod
     def accept(rnd: "Round", target_logits: torch.Tensor) -> tuple[int, int]:
