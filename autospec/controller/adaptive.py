@@ -79,6 +79,7 @@ class AdaptiveController:
         self._step_prices: list[float] | None = None
         self._stall = 1.0
         self._batch_k = False  # whether decide_batch re-chooses the rows' K after `decide`
+        self._max_step: float | None = None  # the batch step's bound (settings.step_cap)
 
     # -- state ---------------------------------------------------------------------------
     def _prior(self, workload: str | None) -> dict[str, AcceptanceEstimate]:
@@ -181,7 +182,11 @@ class AdaptiveController:
             if arm is not None:
                 state.current = PLAIN if arm == PLAIN_ARM else names.index(arm[0])
                 state.fast_left = 0  # the controller's own turn starts with a full decision
-                return (None, 0) if arm == PLAIN_ARM else arm
+                if arm == PLAIN_ARM:
+                    return None, 0
+                drafter, k = arm
+                return drafter, min(k, self._cap_k(self.costs.draft_seconds(
+                    drafter, self.hints[drafter]), self.costs.step_list()))
         return self._own(state, request, lengths)
 
     def _own(self, state: _RequestState, request, lengths: dict[str, int]
@@ -201,15 +206,16 @@ class AdaptiveController:
         estimates = [self._estimate(state, d) for d in names]
         # positions each can draft: a look-up's proposal length (none at all: no option)
         k_max = self.settings.k_max
-        limits = [min(lengths.get(d, k_max), k_max) for d in names]
+        hints = self.hints
+        steps, stall = self._prices()
+        draft_s = [stall * self.costs.draft_seconds(d, hints[d]) for d in names]
+        limits = [min(lengths.get(d, k_max), self._cap_k(d_s, steps))
+                  for d, d_s in zip(names, draft_s)]
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
         if self.settings.thompson:
             draws = self.thompson.draws(estimates, limits)
         else:
             draws = [e.mean_list() for e in estimates]
-        hints = self.hints
-        steps, stall = self._prices()
-        draft_s = [stall * self.costs.draft_seconds(d, hints[d]) for d in names]
         # a drafter not yet run in this request first prefills its cache with the whole
         # context: charge that, spread over the rounds a switch would serve
         context = len(request.tokens)
@@ -261,8 +267,8 @@ class AdaptiveController:
         means = self._estimate(state, drafter).mean_list()
         means = means[:lengths.get(drafter, len(means))]
         steps, stall = self._prices()
-        k = k_for(means, stall * self.costs.draft_seconds(drafter, self.hints[drafter]),
-                  steps, self.settings.k_max)
+        draft_s = stall * self.costs.draft_seconds(drafter, self.hints[drafter])
+        k = k_for(means, draft_s, steps, self._cap_k(draft_s, steps))
         return (drafter, max(k, self.settings.k_min)) if k else (None, 0)
 
     def _replay_floor(self, state: _RequestState, request) -> None:
@@ -335,10 +341,13 @@ class AdaptiveController:
 
     def decide_batch(self, requests) -> list[tuple[str | None, int]]:
         """(drafter, K) for every row of a batch (engine/batch.py asks this way): each row's
-        drafter as `decide` chooses it, then every row's K together for the batch's goodput
-        under the batch cost s(B, W) of a forward padded to its longest row, plus the step's
-        per-row overhead (controller/batch.py) — K = 0 for all where speculation no longer
-        pays. Until the batch cost is measured, the rows' own K."""
+        drafter as `decide` chooses it at the row's prices in this batch (`_batch_prices`: its
+        share of the step; drafting stalls every row), then every row's K together for the
+        batch's goodput under the batch cost s(B, W) of a forward padded to its longest row,
+        plus the step's per-row overhead (controller/batch.py) — K = 0 for all where
+        speculation no longer pays; a row whose drafter gets K = 0 there drafts n-gram's
+        proposal where it has one. Until the batch cost is measured, the rows' own K, at the
+        prices of a memory-bound batch."""
         fitted = self.batch_cost.line(self.costs.line()) if len(requests) > 1 else None
         if fitted is not None:
             a, b, c = fitted
@@ -358,6 +367,9 @@ class AdaptiveController:
         if fitted is None:
             return choices
         drafters = [drafter for drafter, _ in choices]
+        cap = self.settings.step_cap
+        # a bounded step: no width whose forward and drafting exceed cap x a plain batch step
+        self._max_step = cap * (a + (b + c) * len(requests)) if cap else None
         ks = self._batch_ks(requests, drafters, a, b, c)
         # a row whose drafter does not pay in this batch (an exploring draw of a costly
         # drafter, say) drafts with n-gram where it has a proposal, rather than decoding plain
@@ -367,6 +379,18 @@ class AdaptiveController:
             drafters, ks = fallback, self._batch_ks(requests, fallback, a, b, c)
         return [(drafter, max(k, self.settings.k_min)) if drafter and k else (None, 0)
                 for drafter, k in zip(drafters, ks)]
+
+    def _cap_k(self, draft_seconds: float, steps: list[float]) -> int:
+        """The longest K whose step (K drafted tokens, a forward of K + 1) is predicted within
+        `step_cap` plain steps (k_max without a cap; 0 where even K = 1 is over it)."""
+        cap, k_max = self.settings.step_cap, self.settings.k_max
+        if not cap:
+            return k_max
+        bound = cap * steps[0]
+        k = 0
+        while k < k_max and steps[k + 1] + draft_seconds * (k + 1) <= bound:
+            k += 1
+        return k
 
     def _prices(self) -> tuple[list[float], float]:
         """(step seconds per K, the factor on drafting seconds) a row's decision compares:
@@ -399,7 +423,7 @@ class AdaptiveController:
             row = self._estimate(state, drafter).mean_list()
             means.append(row[:state.lengths.get(drafter, len(row))])
             draft_s.append(self.costs.draft_seconds(drafter, self.hints[drafter]))
-        return rows_ks(means, draft_s, self.settings.k_max, a, b, c)
+        return rows_ks(means, draft_s, self.settings.k_max, a, b, c, self._max_step)
 
     def update(self, record: StepRecord, request) -> None:
         state = self._state(request)

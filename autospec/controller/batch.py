@@ -47,12 +47,14 @@ def batch_ks(gains, draft_seconds, a: float, b: float, c: float, rounds: int = 6
 
 
 def goodput_ks(gains: list[list[float]], draft_seconds: list[float], k_max: int, a: float,
-               b: float, c: float, rounds: int = 6) -> list[int]:
+               b: float, c: float, rounds: int = 6,
+               max_seconds: float | None = None) -> list[int]:
     """`batch_ks` on Python lists (the controller's path, once a step: no numpy dispatch): each
     row's gains as far as it can draft. Every round: each row's free length (the prefix of
     its gains that beat R d_i), then every width's tokens and seconds at once — a row adds its
     running sum up to its free length and stays at it beyond (a running tail) — O(rows x free
-    length + K_max)."""
+    length + K_max). max_seconds: no width whose step (forward and drafting) is predicted
+    longer is chosen (a latency bound; width 1, K = 0 for all, always stays)."""
     n = len(gains)
     forward = [a + b * n + c * n * (w + 1) for w in range(k_max + 1)]
     cums = []
@@ -89,7 +91,10 @@ def goodput_ks(gains: list[list[float]], draft_seconds: list[float], k_max: int,
         for w in range(top + 1):
             run_tokens += tail_tokens[w]
             run_seconds += tail_seconds[w]
-            goodput = (tokens[w] + run_tokens) / (seconds[w] + run_seconds)
+            step = seconds[w] + run_seconds
+            if w and max_seconds is not None and step > max_seconds:
+                break  # wider steps only take longer
+            goodput = (tokens[w] + run_tokens) / step
             if goodput > new_rate:
                 width, new_rate = w, goodput
         best = [min(free, width) for free in frees]
@@ -100,7 +105,7 @@ def goodput_ks(gains: list[list[float]], draft_seconds: list[float], k_max: int,
 
 
 def rows_ks(means: list[list[float]], draft_seconds: list[float], k_max: int, a: float,
-            b: float, c: float) -> list[int]:
+            b: float, c: float, max_seconds: float | None = None) -> list[int]:
     """`goodput_ks` from each row's per-position acceptance means (a row that does not draft:
     []; a look-up's row as far as its proposal): the gains are their running products."""
     gains = []
@@ -112,7 +117,7 @@ def rows_ks(means: list[list[float]], draft_seconds: list[float], k_max: int, a:
                 break
             gain.append(running)
         gains.append(gain)
-    return goodput_ks(gains, draft_seconds, k_max, a, b, c)
+    return goodput_ks(gains, draft_seconds, k_max, a, b, c, max_seconds=max_seconds)
 
 
 class BatchCost:

@@ -86,6 +86,13 @@ class ControllerSettings:
                                        "draws: a drafter the workload has shown not to pay is "
                                        "rarely re-explored (0: the request's posterior alone)",
                                  "float", low=0, high=1024)
+    # issue 15: ITL p99 <= plain's. A token whose draft was rejected waits a whole step, so
+    # bounding the step bounds the tail of inter-token latency, at a cost in throughput
+    # (policies/latency.yaml sets it; README shows both)
+    step_cap: float = knob(0.0, "largest predicted step (drafting + verify) a decision may "
+                                "choose, as a multiple of a plain step at the same batch size: "
+                                "a bound on inter-token latency (0: none; else >= 1)",
+                           "float", low=0, high=16)
     # 0 and 1 would be certainties: a Beta prior with that mean cannot be moved by evidence
     prior_means: Mapping[str, float] = knob(
         dict, f"acceptance mean per drafter before any evidence (unset: {DEFAULT_PRIOR_MEAN})",
@@ -94,6 +101,9 @@ class ControllerSettings:
     def __post_init__(self):
         if self.k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {self.k_max}")
+        if 0 < self.step_cap < 1:
+            raise ValueError(f"step_cap must be 0 (no bound) or >= 1 (a plain step), "
+                             f"got {self.step_cap}")
         if not 1 <= self.k_min <= self.k_max:
             raise ValueError(f"k_min must be in [1, k_max = {self.k_max}], got {self.k_min}")
         for name in self.drafters:

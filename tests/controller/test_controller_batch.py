@@ -7,7 +7,7 @@ import pytest
 
 from autospec.bench.trace import SimRequest
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.controller.batch import BatchCost, batch_ks
+from autospec.controller.batch import BatchCost, batch_ks, goodput_ks, rows_ks
 from autospec.engine.batch import BatchEngine, Job
 from autospec.telemetry import StepRecord
 
@@ -182,3 +182,35 @@ def test_a_row_kept_on_a_drafter_the_batch_will_not_pay_for_drafts_with_ngram():
     controller.costs.observe_draft("draft-model", 0.050, 1)  # now it costs more than a step
     choices = controller.decide_batch(rows)
     assert {drafter for drafter, _ in choices} == {"ngram"} and all(k >= 1 for _, k in choices)
+
+
+def test_a_step_cap_bounds_the_batch_s_width():
+    """settings.step_cap: no width whose step is predicted longer than cap x a plain step;
+    K = 0 for every row stays allowed."""
+    gains = [[0.99 ** (j + 1) for j in range(8)]] * 4
+    a, b, c = 1.0, 0.0, 0.01  # a plain step of 4 rows: 1.04 s; a position of all rows: 0.04 s
+    assert rows_ks([[0.99] * 8] * 4, [0.0] * 4, 8, a, b, c) == [8] * 4  # unbounded: all of it
+    bounded = goodput_ks(gains, [0.0] * 4, 8, a, b, c, max_seconds=1.1 * 1.04)
+    assert bounded == [2] * 4  # 1.0 + 0.04 x 3 = 1.12 <= 1.144 < 1.16
+    assert goodput_ks(gains, [0.0] * 4, 8, a, b, c, max_seconds=1.0) == [0] * 4
+
+
+def test_a_step_cap_bounds_the_controller_s_k_at_batch_1():
+    """At batch 1 the cap limits K to the longest step within cap plain steps (the verify
+    line here: 10 ms + 0.5 ms a drafted token), the floor's fixed arms included."""
+    period = list(range(100, 140))
+    for cap, k_bound in ((0.0, 16), (1.25, 5)):
+        controller = AdaptiveController(ControllerSettings(drafters=("ngram",), step_cap=cap))
+        request = SimRequest("r", period * 3, 120, "copy")
+        ks = []
+        for step in range(40):
+            drafter, k = controller.decide(request)
+            ks.append(k)
+            controller.update(StepRecord("r", step, drafter or "none", k, k, k, k + 1, 0.0,
+                                         0.010 + 0.0005 * k, k + 1, 100, 0, 0.0), request)
+        assert max(ks[10:]) == k_bound, (cap, ks)  # once the verify line is measured
+
+
+def test_a_step_cap_below_a_plain_step_is_refused():
+    with pytest.raises(ValueError, match="step_cap"):
+        ControllerSettings(step_cap=0.5)
