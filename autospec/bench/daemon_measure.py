@@ -169,7 +169,9 @@ def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain") 
     workload, against the batched engine in this process over the same jobs (`BatchEngine.run`
     with N rows): throughput of each (output tokens / wall), every served output against batch-1
     plain decoding of its prompt, and the telemetry the daemon acknowledged. Run alternately:
-    engine, serve, engine — the engine figure is the mean of its two runs."""
+    engine, serve, engine — the engine figure is the mean of its two runs. Each is warmed by
+    the same round of N 8-token requests first, and a controller (the server's, each engine
+    run's own) keeps what it learnt there."""
     import threading
     import urllib.request
 
@@ -187,6 +189,8 @@ def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain") 
 
     def engine_run() -> float:
         controller = make_controller(parse_method(method), engine.models.runnable_drafters())
+        # the same warm-up round the server gets below (its controller learns from it too)
+        batched.run([Job(i, 8) for i in ids[:clients]], controller, max_batch=clients)
         t0 = time.perf_counter()
         out = batched.run([Job(i, max_tokens) for i in ids], controller, max_batch=clients)
         return sum(len(g.token_ids) for g in out) / (time.perf_counter() - t0)

@@ -29,7 +29,11 @@ from autospec.models.pair import kv_shape
 class Bound:
     """Where the rows of the forward in progress sit in the cache (n rows, T tokens each)."""
     slots: torch.Tensor  # (n,) the rows' slots
-    contiguous: bool  # slots are 0..n-1: read a view instead of gathering
+    # the rows' first slot when they are consecutive slots in order (s, s+1, ...): then the
+    # forward reads a view of the store; else (None) it gathers the rows, a copy of every
+    # layer's K and V up to the span (at 16 rows it tripled a step: engine/batch.py feeds
+    # its rows in slot order)
+    first: int | None
     write_slot: torch.Tensor  # (N,) slot of each real (non-padding) input token
     write_pos: torch.Tensor  # (N,) its cache position
     valid: torch.Tensor  # (n, T) bool, a real token and not padding
@@ -37,8 +41,8 @@ class Bound:
 
     def read(self, store: torch.Tensor) -> torch.Tensor:
         """(B_max, H, L_max, D) -> the forward's rows, (n, H, span, D)."""
-        if self.contiguous:
-            return store[:len(self.slots), :, :self.span]
+        if self.first is not None:
+            return store[self.first:self.first + len(self.slots), :, :self.span]
         return store[self.slots, :, :self.span]
 
 
@@ -122,7 +126,8 @@ class RowCache(Cache):
         if span > self.max_len:
             raise ValueError(f"a row would reach position {span}; rows hold {self.max_len} (max_len)")
         slot_ids = torch.tensor(list(slots))
-        self.bound = Bound(slot_ids.to(self.device), list(slots) == list(range(len(slots))),
+        first = slots[0] if list(slots) == list(range(slots[0], slots[0] + len(slots))) else None
+        self.bound = Bound(slot_ids.to(self.device), first,
                            slot_ids[:, None].expand_as(valid)[valid].to(self.device),
                            positions[valid].to(self.device), valid.to(self.device), span)
         # row i's query t (position length_i + t) sees cache positions 0 .. length_i + t

@@ -258,3 +258,29 @@ def test_a_batch_of_draft_model_rows_runs_one_draft_forward_per_position(referen
     # while all four rows run, a step adds at most 3 forwards (fewer near max_new_tokens)
     per_step = np.diff(sorted(set(steps)))
     assert per_step.max() <= 3
+
+
+def test_rows_out_of_slot_order_and_with_gaps_read_the_cache_as_a_view(reference_pair):
+    """step_batch feeds its rows in slot order, and a gap (a row that left, its slot free)
+    gets a filler row, so every verify forward reads a view of the cache — no gather of every
+    layer's K and V — and each row's output is still its plain decoding."""
+    prompts = [json.loads(line)["prompt"] for line in WORKLOAD.read_text().splitlines()[:4]]
+    plain = plain_outputs(reference_pair, prompts, 24)
+    engine = BatchEngine(reference_pair, max_batch=4, max_len=1024)
+    requests = [engine.start(p, 24) for p in prompts]
+    engine.abandon(requests[1])  # slot 1 free: rows at slots 0, 2, 3
+    firsts = []
+    bind = engine.cache.bind
+
+    def spy(slots, n_tokens, limit):
+        out = bind(slots, n_tokens, limit)
+        firsts.append(engine.cache.bound.first)
+        return out
+
+    engine.cache.bind = spy
+    rows = [requests[3], requests[0], requests[2]]  # out of slot order
+    while not all(r.done for r in rows):
+        engine.step_batch([(r, "ngram", 4) for r in rows if not r.done])
+    assert firsts and all(first is not None for first in firsts)
+    for i in (0, 2, 3):
+        assert requests[i].output == plain[i]
