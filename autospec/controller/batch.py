@@ -18,43 +18,32 @@ choice is a width: for each W, every row drafts what pays within it — a prefix
 positions, since a token's gain prod_{l<=j} alpha_il falls with j while its price d_i does not:
 all W - 1 for a free look-up drafter, fewer where drafting costs — and the best W wins.
 Dinkelbach's iteration on the goodput R (a token is taken where its gain beats R d_i; R is
-recomputed) ends in a few rounds, every width priced at once in each (`goodput_ks`, Python
-floats: it runs once a batch step, where numpy's per-call cost was most of its time; `batch_ks`
-the same on arrays). W = 1 (K = 0 for every row) when no draft pays for its padding.
+recomputed) ends in a few rounds, every width priced at once in each (`goodput_ks`). W = 1
+(K = 0 for every row) when no draft pays for its padding.
 
 The same marginal rule prices each row's drafter choice in a batch (adaptive.decide_batch): a
 row pays its share s / B of the step, and a second of its drafting stalls every row.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from autospec.controller.estimates import RunningMedian
 
 MIN_BATCH_STEPS = 4.0  # (weighted) batch steps observed before the batch line is trusted
 
 
-def batch_ks(gains, draft_seconds, a: float, b: float, c: float, rounds: int = 6) -> np.ndarray:
-    """K per row maximising the batch's goodput (see the module docstring).
-
-    gains: (B, K_max) expected extra tokens of each row's (j+1)-th drafted token, falling in
-    j (0 where the row cannot draft that far); draft_seconds: (B,) seconds a drafted token of
-    that row costs its drafter; a, b, c: the step's cost s = a + b B + c B W. Returns (B,) ints."""
-    gains = np.asarray(gains, float)
-    rows = [[g for g in row if g > 0.0] for row in gains.tolist()]  # falling: a prefix
-    return np.array(goodput_ks(rows, np.asarray(draft_seconds, float).tolist(), gains.shape[1],
-                               a, b, c, rounds), dtype=int)
-
-
 def goodput_ks(gains: list[list[float]], draft_seconds: list[float], k_max: int, a: float,
                b: float, c: float, rounds: int = 6,
                max_seconds: float | None = None) -> list[int]:
-    """`batch_ks` on Python lists (the controller's path, once a step: no numpy dispatch): each
-    row's gains as far as it can draft. Every round: each row's free length (the prefix of
-    its gains that beat R d_i), then every width's tokens and seconds at once — a row adds its
-    running sum up to its free length and stays at it beyond (a running tail) — O(rows x free
-    length + K_max). max_seconds: no width whose step (forward and drafting) is predicted
-    longer is chosen (a latency bound; width 1, K = 0 for all, always stays)."""
+    """K per row maximising the batch's goodput (see the module docstring), in Python floats
+    (it runs once a step: numpy's per-call cost was most of its time).
+
+    gains: per row, the expected extra tokens of its (j+1)-th drafted token, falling in j, as
+    far as it can draft (a 0 ends it); draft_seconds: per row, what a drafted token costs its
+    drafter; a, b, c: the step's cost s = a + b B + c B W. Every round: each row's free length
+    (the prefix of its gains that beat R d_i), then every width's tokens and seconds at once —
+    a row adds its running sum up to its free length and stays at it beyond (a running tail) —
+    O(rows x free length + K_max). max_seconds: no width whose step (forward and drafting) is
+    predicted longer is chosen (a latency bound; width 1, K = 0 for all, always stays)."""
     n = len(gains)
     forward = [a + b * n + c * n * (w + 1) for w in range(k_max + 1)]
     cums = []

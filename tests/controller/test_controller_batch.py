@@ -7,9 +7,14 @@ import pytest
 
 from autospec.bench.trace import SimRequest
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.controller.batch import BatchCost, batch_ks, goodput_ks, rows_ks
+from autospec.controller.batch import BatchCost, goodput_ks, rows_ks
 from autospec.engine.batch import BatchEngine, Job
 from autospec.telemetry import StepRecord
+
+
+def batch_ks(gains: np.ndarray, draft_s: np.ndarray, a, b, c) -> np.ndarray:
+    """goodput_ks on arrays: gains (B, K_max), draft_s (B,)."""
+    return np.array(goodput_ks(gains.tolist(), draft_s.tolist(), gains.shape[1], a, b, c))
 
 
 def goodput(gains, draft_s, a, b, c, ks):
