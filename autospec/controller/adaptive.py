@@ -372,13 +372,20 @@ class AdaptiveController:
         self._max_step = cap * (a + (b + c) * len(requests)) if cap else None
         ks = self._batch_ks(requests, drafters, a, b, c)
         # a row whose drafter does not pay in this batch (an exploring draw of a costly
-        # drafter, say) drafts with n-gram where it has a proposal, rather than decoding plain
-        fallback = [d if k or "ngram" not in self._requests[r.request_id].lengths else "ngram"
+        # drafter, say) drafts with a look-up drafter that has a proposal (n-gram, suffix:
+        # the first in the policy's order), rather than decoding plain
+        fallback = [d if k else self._lookup_with_proposal(r) or d
                     for r, d, k in zip(requests, drafters, ks)]
         if fallback != drafters:
             drafters, ks = fallback, self._batch_ks(requests, fallback, a, b, c)
         return [(drafter, max(k, self.settings.k_min)) if drafter and k else (None, 0)
                 for drafter, k in zip(drafters, ks)]
+
+    def _lookup_with_proposal(self, request) -> str | None:
+        """The first of the controller's drafters whose proposal this step was looked up and
+        is not empty (state.lengths holds only look-up drafters'), None if none."""
+        lengths = self._requests[request.request_id].lengths
+        return next((d for d in self.drafters if lengths.get(d)), None)
 
     def _cap_k(self, draft_seconds: float, steps: list[float]) -> int:
         """The longest K whose step (K drafted tokens, a forward of K + 1) is predicted within
