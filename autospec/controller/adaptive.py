@@ -345,9 +345,9 @@ class AdaptiveController:
         share of the step; drafting stalls every row), then every row's K together for the
         batch's goodput under the batch cost s(B, W) of a forward padded to its longest row,
         plus the step's per-row overhead (controller/batch.py) — K = 0 for all where
-        speculation no longer pays; a row whose drafter gets K = 0 there drafts n-gram's
-        proposal where it has one. Until the batch cost is measured, the rows' own K, at the
-        prices of a memory-bound batch."""
+        speculation no longer pays; a row whose drafter gets K = 0 there drafts a look-up
+        drafter's proposal where one has any. Until the batch cost is measured, the rows' own
+        K, at the prices of a memory-bound batch."""
         fitted = self.batch_cost.line(self.costs.line()) if len(requests) > 1 else None
         if fitted is not None:
             a, b, c = fitted
