@@ -74,12 +74,10 @@ class AdaptiveController:
                              if d != "ngram" and drafter_class(d).peekable)
         self.batch_cost = BatchCost()  # s(B, P) of a batched step (controller/batch.py)
         self._rows = 1  # rows of the batch being decided (decide_batch)
-        # a row's prices in the batch being decided (decide_batch, `_batch_prices`): its share
-        # of the batch step per K, and what a second of drafting costs in those units
+        # a row's step seconds per K in the batch being decided (decide_batch,
+        # `_batch_prices`): its share of the batch step; None at batch 1
         self._step_prices: list[float] | None = None
-        self._stall = 1.0
         self._batch_k = False  # whether decide_batch re-chooses the rows' K after `decide`
-        self._max_step: float | None = None  # the batch step's bound (settings.step_cap)
 
     # -- state ---------------------------------------------------------------------------
     def _prior(self, workload: str | None) -> dict[str, AcceptanceEstimate]:
@@ -186,7 +184,7 @@ class AdaptiveController:
                     return None, 0
                 drafter, k = arm
                 return drafter, min(k, self._cap_k(self.costs.draft_seconds(
-                    drafter, self.hints[drafter]), self.costs.step_list()))
+                    drafter, self.hints[drafter]), self._prices()))
         return self._own(state, request, lengths)
 
     def _own(self, state: _RequestState, request, lengths: dict[str, int]
@@ -207,8 +205,8 @@ class AdaptiveController:
         # positions each can draft: a look-up's proposal length (none at all: no option)
         k_max = self.settings.k_max
         hints = self.hints
-        steps, stall = self._prices()
-        draft_s = [stall * self.costs.draft_seconds(d, hints[d]) for d in names]
+        steps = self._prices()
+        draft_s = [self.costs.draft_seconds(d, hints[d]) for d in names]
         limits = [min(lengths.get(d, k_max), self._cap_k(d_s, steps))
                   for d, d_s in zip(names, draft_s)]
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
@@ -220,7 +218,7 @@ class AdaptiveController:
         # context: charge that, spread over the rounds a switch would serve
         context = len(request.tokens)
         switch_s = [0.0 if d in state.used else
-                    stall * self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
+                    self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
         # the drafter under the draws, then its K under the means (decide.py)
         index, k = decide_step(draws, [e.mean_list() for e in estimates], draft_s,
                                steps, k_max, state.current,
@@ -266,8 +264,8 @@ class AdaptiveController:
             return drafter, 1  # the batch chooses every row's K together (decide_batch)
         means = self._estimate(state, drafter).mean_list()
         means = means[:lengths.get(drafter, len(means))]
-        steps, stall = self._prices()
-        draft_s = stall * self.costs.draft_seconds(drafter, self.hints[drafter])
+        steps = self._prices()
+        draft_s = self.costs.draft_seconds(drafter, self.hints[drafter])
         k = k_for(means, draft_s, steps, self._cap_k(draft_s, steps))
         return (drafter, max(k, self.settings.k_min)) if k else (None, 0)
 
@@ -348,36 +346,35 @@ class AdaptiveController:
         speculation no longer pays; a row whose drafter gets K = 0 there drafts a look-up
         drafter's proposal where one has any. Until the batch cost is measured, the rows' own
         K, at the prices of a memory-bound batch."""
-        fitted = self.batch_cost.line(self.costs.line()) if len(requests) > 1 else None
+        rows = len(requests)
+        fitted = self.batch_cost.line(self.costs.line()) if rows > 1 else None
         if fitted is not None:
             a, b, c = fitted
-            a += len(requests) * self.batch_cost.row_overhead  # paid at every width alike
-            self._batch_prices(len(requests), a, b, c)
-        elif len(requests) > 1:
+            a += rows * self.batch_cost.row_overhead  # paid at every width alike
+            self._step_prices = self._batch_prices(rows, a, b, c)
+        elif rows > 1:
             # the batch's cost not measured yet: priced as a memory-bound forward (a batch
-            # step costs what one row's does), so a row's share is 1/B of a batch-1 step and
-            # its drafting stalls B rows — the same decision as batch-1 prices with drafting
-            # seconds x B (`_stall`)
-            self._step_prices, self._stall = self.costs.step_list(), float(len(requests))
-        self._rows, self._batch_k = len(requests), fitted is not None
+            # step costs what one row's does), so a row's share is 1/B of a batch-1 step
+            self._step_prices = [v / rows for v in self.costs.step_list()]
+        self._rows, self._batch_k = rows, fitted is not None
         try:
             choices = [self.decide(request) for request in requests]
         finally:
-            self._rows, self._step_prices, self._stall, self._batch_k = 1, None, 1.0, False
+            self._rows, self._step_prices, self._batch_k = 1, None, False
         if fitted is None:
             return choices
         drafters = [drafter for drafter, _ in choices]
         cap = self.settings.step_cap
         # a bounded step: no width whose forward and drafting exceed cap x a plain batch step
-        self._max_step = cap * (a + (b + c) * len(requests)) if cap else None
-        ks = self._batch_ks(requests, drafters, a, b, c)
+        max_step = cap * (a + (b + c) * rows) if cap else None
+        ks = self._batch_ks(requests, drafters, (a, b, c), max_step)
         # a row whose drafter does not pay in this batch (an exploring draw of a costly
         # drafter, say) drafts with a look-up drafter that has a proposal (n-gram, suffix:
         # the first in the policy's order), rather than decoding plain
         fallback = [d if k else self._lookup_with_proposal(r) or d
                     for r, d, k in zip(requests, drafters, ks)]
         if fallback != drafters:
-            drafters, ks = fallback, self._batch_ks(requests, fallback, a, b, c)
+            drafters, ks = fallback, self._batch_ks(requests, fallback, (a, b, c), max_step)
         return [(drafter, max(k, self.settings.k_min)) if drafter and k else (None, 0)
                 for drafter, k in zip(drafters, ks)]
 
@@ -399,25 +396,22 @@ class AdaptiveController:
             k += 1
         return k
 
-    def _prices(self) -> tuple[list[float], float]:
-        """(step seconds per K, the factor on drafting seconds) a row's decision compares:
-        batch 1's, or the row's share of the batch being decided (`_batch_prices`)."""
-        if self._step_prices is None:
-            return self.costs.step_list(), 1.0
-        return self._step_prices, self._stall
+    def _prices(self) -> list[float]:
+        """Step seconds per K a row's decision compares with its drafting seconds: batch 1's,
+        or the row's share of the batch being decided (decide_batch)."""
+        return self.costs.step_list() if self._step_prices is None else self._step_prices
 
-    def _batch_prices(self, rows: int, a: float, b: float, c: float) -> None:
+    def _batch_prices(self, rows: int, a: float, b: float, c: float) -> list[float]:
         """A row of a `rows`-row batch pays its share of the step, s(B, K+1) / B = a / B + b +
         c (K+1), while a second it spends drafting stalls the whole batch: at the batch's rate
         R = 1 / share that second costs R of its tokens — what a decision from share prices
         and drafting seconds as they are compares (the marginal rule of controller/batch.py).
         A costly drafter, or its first prefill, is priced for the batch it would hold up."""
         per_row = (a + b * rows) / rows
-        self._step_prices = [per_row + c * (k + 1) for k in range(self.settings.k_max + 1)]
-        self._stall = 1.0
+        return [per_row + c * (k + 1) for k in range(self.settings.k_max + 1)]
 
-    def _batch_ks(self, requests, drafters: list[str | None], a: float, b: float,
-                  c: float) -> list[int]:
+    def _batch_ks(self, requests, drafters: list[str | None], line: tuple[float, float, float],
+                  max_step: float | None) -> list[int]:
         """Every row's K for the batch's goodput (controller/batch.py), each row drafting with
         its drafter (None: plain) from its estimate's means, as far as its proposal reaches."""
         means, draft_s = [], []
@@ -430,7 +424,7 @@ class AdaptiveController:
             row = self._estimate(state, drafter).mean_list()
             means.append(row[:state.lengths.get(drafter, len(row))])
             draft_s.append(self.costs.draft_seconds(drafter, self.hints[drafter]))
-        return rows_ks(means, draft_s, self.settings.k_max, a, b, c, self._max_step)
+        return rows_ks(means, draft_s, self.settings.k_max, *line, max_step)
 
     def update(self, record: StepRecord, request) -> None:
         state = self._state(request)

@@ -35,7 +35,6 @@ class Controller(Protocol):
     def update(self, record: StepRecord, request: "Request") -> None: ...
 
 
-
 _heap_collected = False
 
 
@@ -55,6 +54,7 @@ def freeze_heap() -> None:
         atexit.register(gc.unfreeze)
         _heap_collected = True
     gc.freeze()
+
 
 @dataclass
 class StaticController:
@@ -246,22 +246,21 @@ class Engine:
         t0 = time.perf_counter()
         drafter = self.drafter_for(request, drafter_name) if k else None
         peeked = request.peeked.pop(drafter_name, None) if drafter else None
-        # look-ups a controller made to decide but the step does not draft from (another
-        # drafter's, or any where the step is plain) are still the drafters' work — indexing
-        # the tokens they will look up next — so they count as this step's draft seconds
-        unused = sum(p[3] for p in request.peeked.values() if not p[4])
+        # a controller's look-ups ran inside its decision but are the drafters' work (indexing,
+        # matching), whether this step drafts from them or not (another drafter's, a plain
+        # step's): they count as the step's draft seconds and leave the controller's
+        looked = [p for p in (*request.peeked.values(), peeked) if p is not None and not p[4]]
+        request.lookup_seconds = sum(p[3] for p in looked)
         request.peeked.clear()  # looked up at an older context, or for another drafter
+        drafted = 0.0  # seconds of the engine's own draft made before the step (batch_draft)
         if peeked is not None and peeked[0] == len(request.tokens) and peeked[1] >= k:
-            draft, looked_up = peeked[2], peeked[3]
+            draft = peeked[2]
+            drafted = peeked[3] if peeked[4] else 0.0
         else:
-            if peeked is not None and not peeked[4]:
-                unused += peeked[3]
             draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
-            peeked, looked_up = None, 0.0
-        # a controller's peeks ran inside its decision: their seconds leave the controller's
-        request.lookup_seconds = unused + (looked_up if peeked is not None and not peeked[4] else 0.0)
         return Round(request, drafter_name if drafter else "none", k, drafter, draft,
-                     draft.tokens[:k], context, time.perf_counter() - t0 + looked_up + unused)
+                     draft.tokens[:k], context,
+                     time.perf_counter() - t0 + request.lookup_seconds + drafted)
 
     @staticmethod
     def accept(rnd: "Round", target_logits: torch.Tensor) -> tuple[int, int]:
