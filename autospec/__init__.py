@@ -27,7 +27,8 @@ def load(target: str | None = None, draft: str | None = None, dtype: str = "floa
          pair: str | None = None):
     """An Engine over a named pair ("reference", the default, or "smollm2"; see
     autospec/models/pairs.py) or over target + draft paths, cached per process."""
-    from autospec.engine.loop import Engine, freeze_heap
+    from autospec.engine.loop import Engine
+    from autospec.engine.request import freeze_heap
     from autospec.models.pair import ModelLoadError, load_pair
     from autospec.models.pairs import load_named_pair, named_pair
     if pair is not None:
@@ -39,7 +40,7 @@ def load(target: str | None = None, draft: str | None = None, dtype: str = "floa
     if key not in _pairs:
         models = load_named_pair(pair, dtype) if pair else load_pair(target, draft, dtype)
         _pairs[key] = Engine(models)
-        freeze_heap()  # cached for the process: out of the collector's walks (engine/loop.py)
+        freeze_heap()  # cached for the process: out of the collector's walks (engine/request.py)
     return _pairs[key]
 
 
@@ -57,7 +58,10 @@ def generate(prompt, *, target: str | None = None, draft: str | None = None,
 
 
 def __getattr__(name):
-    if name in ("Engine", "Generation", "Controller", "StaticController", "StaticPolicy"):
-        from autospec.engine import loop
-        return getattr(loop, name)
+    if name == "Engine":
+        from autospec.engine.loop import Engine
+        return Engine
+    if name in ("Generation", "Controller", "StaticController"):
+        from autospec.engine import request
+        return getattr(request, name)
     raise AttributeError(name)

@@ -39,7 +39,6 @@ from autospec.drafters.base import check_drafter
 
 SCHEMA_VERSION = 1
 PolicyError = ConfigError  # one error type for every config file (autospec.configcheck)
-Parameters = ControllerSettings  # deprecated alias: a policy's parameters are ControllerSettings
 PRIOR_FIELD = "acceptance_mean"  # priors: {DRAFTER: {acceptance_mean: VALUE}}
 
 
@@ -257,7 +256,7 @@ def load_policy(path: str | Path) -> Policy:
 
 # -- the docs table --------------------------------------------------------------------------
 def knobs_table() -> str:
-    """README's table of the controller's knobs, rendered from ControllerSettings."""
+    """docs/controller.md's table of the controller's knobs, rendered from ControllerSettings."""
     lines = ["| field | accepted | default | policy file, `tune` | meaning |",
              "|---|---|---|---|---|"]
     for name, (knob, f) in cc.knobs(ControllerSettings).items():

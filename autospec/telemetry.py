@@ -15,8 +15,7 @@ Definitions, fixed here once:
 - `acceptance_per_position[j]` = P(draft position j+1 accepted | it was proposed): what a
   request saw. Not to be confused with what the controller learns, `conditional_acceptance[j]`
   = P(position j+1 accepted | positions 1..j accepted) (controller/estimates.py, the store).
-- `controller_seconds`: the controller's decide + update (named `policy_seconds` before; the
-  old key is still read, for one release).
+- `controller_seconds`: the controller's decide + update.
 - `method`: the method the request ran with, as `autospec.method.Method` prints it ("adaptive",
   "plain", "static:ngram:4", "adaptive:policies/x.yaml", ...); None = not said (telemetry from
   before the field, or a caller that embeds the engine with a controller of its own).
@@ -50,7 +49,7 @@ class StepRecord:
     bytes_moved: int  # target weights + KV read by the verify, + the drafter's reads
     bandwidth_gbs: float  # bytes_moved / (draft + verify seconds), GB/s
     controller_seconds: float = 0.0  # the controller's decide + update for this step
-    # the verify forward this step shared (engine/batch.py): rows in it, tokens over all
+    # the verify forward this step shared (engine/loop.py): rows in it, tokens over all
     # rows, and its width (the longest row: every row is padded to it, so the forward computes
     # batch_size x batch_width positions); a batch-1 step (and a record from before batching)
     # is 1, verify_tokens, verify_tokens
@@ -154,8 +153,6 @@ def _from_dict(cls, raw: dict):
     if not isinstance(raw, dict):
         raise TelemetryError(f"{cls.__name__}: expected an object, got {type(raw).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    if "policy_seconds" in raw and "controller_seconds" in fields:  # the old name (one release)
-        raw = {("controller_seconds" if k == "policy_seconds" else k): v for k, v in raw.items()}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise TelemetryError(f"{cls.__name__}: unknown field(s) {unknown}")

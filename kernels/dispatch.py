@@ -26,16 +26,18 @@ def choose_backend(tensor: torch.Tensor) -> str:
     return forced
 
 
-def resolve_tiling(op: str, space: dict[str, list[int]], default: dict[str, int],
+def resolve_tiling(op: str, default: dict[str, int],
                    given: dict[str, int | None]) -> dict[str, int]:
-    """Fill unset tiling knobs from `default`; block sizes must be powers of two (tl.arange)."""
+    """Fill unset tiling knobs from `default` (which names every knob the op takes); block
+    sizes must be powers of two (tl.arange)."""
+    for name in given:
+        if name not in default:
+            raise ValueError(f"{op}: unknown tiling knob {name!r} (known: {', '.join(default)})")
     tiling = {name: default[name] if value is None else int(value) for name, value in given.items()}
     for name, value in tiling.items():
-        if name not in space:
-            raise ValueError(f"{op}: unknown tiling knob {name!r} (known: {', '.join(space)})")
         if value < 1 or (name.startswith("BLOCK_") and value & (value - 1)):
             raise ValueError(f"{op}: {name}={value} must be a positive power of two "
-                             f"(tuned over {space[name]})")
+                             f"(default {default[name]})")
     return tiling
 
 

@@ -18,14 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from autospec.engine.loop import Engine, StaticPolicy
+from autospec.engine.loop import Engine
+
+from autospec.engine.request import StaticController
 from autospec.models.pair import ModelPair, load_pair
 
 # The models here are small: one thread is faster than two, and leaves a core to the other
 # process of a 2-core machine.
 torch.set_num_threads(1)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent  # configs/, policies/, README.md
+REPO_ROOT = Path(__file__).resolve().parent.parent  # configs/, policies/, README.md, docs/
 TEST_DATA = REPO_ROOT / "tests" / "data"
 
 
@@ -114,8 +116,8 @@ KS = [1, 2, 4, 8]  # the draft lengths the lossless tests sweep
 
 def plain_and_speculative(engine, prompt, drafter, k, n=24):
     """Plain greedy output and `drafter`'s at K = k, for the same prompt: they must be equal."""
-    plain = engine.generate(prompt, policy=StaticPolicy(None, 0), max_new_tokens=n)
-    spec = engine.generate(prompt, policy=StaticPolicy(drafter, k), max_new_tokens=n)
+    plain = engine.generate(prompt, controller=StaticController(None, 0), max_new_tokens=n)
+    spec = engine.generate(prompt, controller=StaticController(drafter, k), max_new_tokens=n)
     return plain, spec
 
 

@@ -25,7 +25,7 @@ def module_level(tree: ast.AST):
 def room_graph(lazy: bool = True) -> dict[str, set[str]]:
     """room -> rooms it imports (module-level `import autospec.X...`, and function-level ones
     too when `lazy`). A room is a folder of autospec/ or a top-level module; cli/ (the top) and
-    training/ are left out, and deprecated shims import lazily (importlib), so they add no edge."""
+    training/ are left out."""
     edges: dict[str, set[str]] = {}
     for path in (REPO_ROOT / "autospec").rglob("*.py"):
         parts = path.relative_to(REPO_ROOT / "autospec").with_suffix("").parts
@@ -103,16 +103,6 @@ def test_a_lower_layer_imports_with_the_layers_above_it_blocked(layer):
     run = subprocess.run([sys.executable, "-c", BLOCKED_IMPORT, layer, *above],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-
-
-@pytest.mark.parametrize("module", ["controller.learned", "controller.trace", "controller.policies",
-                                    "daemon.client"])
-def test_moved_modules_keep_their_old_import_path(module):
-    import importlib
-    old = importlib.import_module(f"autospec.{module}")
-    name = {"controller.learned": "Learner", "controller.trace": "replay",
-            "controller.policies": "make_policy", "daemon.client": "DaemonClient"}[module]
-    assert callable(getattr(old, name))
 
 
 def test_the_controller_room_is_the_fast_path_only():

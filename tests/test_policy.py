@@ -164,10 +164,10 @@ def test_provenance_values_yaml_would_misread():
         parse_policy("schema_version: 1\nprovenance: {git_sha: 1234567}")
 
 
-def test_readme_knobs_table_is_rendered_from_controller_settings():
+def test_the_knobs_table_in_the_docs_is_rendered_from_controller_settings():
     from autospec.policy import knobs_table
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert f"<!-- knobs table: begin -->\n{knobs_table()}\n<!-- knobs table: end -->" in readme
+    page = (REPO_ROOT / "docs" / "controller.md").read_text()
+    assert f"<!-- knobs table: begin -->\n{knobs_table()}\n<!-- knobs table: end -->" in page
 
 
 def test_parameters_round_trip_through_their_dict_form(tmp_path):

@@ -1,4 +1,4 @@
-"""Measure the daemon as the issue asks (the figures in README come from here):
+"""Measure the daemon as the issue asks (the figures in docs/benchmarks.md come from here):
 
     python -m autospec.bench.daemon_measure ingest   # step records/s sustained, params latency p50/p99
     python -m autospec.bench.daemon_measure faults   # kill -9 mid-ingest: sent/acknowledged/stored/lost
@@ -133,7 +133,7 @@ def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
     import autospec
     from autospec.bench.harness import load_prompts
     from autospec.models.pairs import PAIRS
-    from autospec.engine.loop import StaticController
+    from autospec.engine.request import StaticController
     proc, sock = start_daemon(tmp)
     serve = spawn(["serve", "--port", "0", "--daemon", f"unix:{sock}", "--log-level", "warning"],
                   tmp / "serve.log", timeout=300)
@@ -166,7 +166,7 @@ def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
 
 def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain") -> dict:
     """`autospec serve --max-batch N` under N closed-loop HTTP clients over the reference
-    workload, against the batched engine in this process over the same jobs (`BatchEngine.run`
+    workload, against the batched engine in this process over the same jobs (`Engine.run`
     with N rows): throughput of each (output tokens / wall), every served output against batch-1
     plain decoding of its prompt, and the telemetry the daemon acknowledged. Run alternately:
     engine, serve, engine — the engine figure is the mean of its two runs. Each is warmed by
@@ -178,14 +178,15 @@ def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain") 
     import autospec
     from autospec.bench.harness import load_prompts, prompt_ids
     from autospec.controller.factory import make_controller
-    from autospec.engine.batch import BatchEngine, Job
+    from autospec.engine.loop import Engine
+    from autospec.engine.request import Job
     from autospec.method import parse_method
     from autospec.models.pairs import PAIRS
     engine = autospec.load()
     rows = load_prompts(PAIRS["reference"].workload("bench"))
     ids = [prompt_ids(engine, p) for p in rows]
     plain = [engine.generate(i, drafter=None, max_new_tokens=max_tokens) for i in ids]
-    batched = BatchEngine(engine.models, clients, max_len=max(map(len, ids)) + max_tokens + 1)
+    batched = Engine(engine.models, max_batch=clients, max_len=max(map(len, ids)) + max_tokens + 1)
 
     def engine_run() -> float:
         controller = make_controller(parse_method(method), engine.models.runnable_drafters())

@@ -199,7 +199,7 @@ def choice_shares(steps) -> dict:
 
 
 def cell_stats(cells: list[Cell], same: bool | None) -> dict:
-    """STATS (DESIGN.md's keys) over one method's cells, one per repeat: tokens/s is the
+    """STATS (the keys below) over one method's cells, one per repeat: tokens/s is the
     median of the repeats' rates; bench under load (load.py) adds its own keys to these."""
     rates = [c.tokens / c.wall_s for c in cells if c.wall_s > 0]
     tokens = sum(c.tokens for c in cells)
@@ -362,7 +362,7 @@ def charged_speedup(measured: dict, drafter: str, category: str) -> np.ndarray |
 
 def predicted_static(report: dict) -> dict:
     """Each static method's speedup per category as the charged formula predicts it, beside
-    the measured one: how far the formula is from what runs (README: achieved / theoretical)."""
+    the measured one: how far the formula is from what runs (docs/benchmarks.md: achieved / theoretical)."""
     measured = report.get("measured_static") or report["measured"]
     out = {}
     for name, stats in report["methods"].items():

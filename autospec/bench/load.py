@@ -1,8 +1,8 @@
 """`autospec bench --concurrency 1,4,16`: each method under N closed-loop clients.
 
 At each level N, every method decodes the whole workload (same prompts, same order) through
-one BatchEngine with N rows: N clients, each sending its next prompt as soon as its last one
-finished, so N requests are in flight until the workload runs dry (engine/batch.py, `run`).
+one Engine with N rows: N clients, each sending its next prompt as soon as its last one
+finished, so N requests are in flight until the workload runs dry (engine/loop.py, `Engine.run`).
 Methods take turns (the order rotates from repeat to repeat) and the repeat with the median
 wall time is reported. Measured under load: the methods that run on our engine (plain,
 static:, adaptive, ctl:) and `hf:generate`, transformers' own batched generate() (below); the
@@ -44,10 +44,11 @@ import torch
 from autospec.bench.harness import OVERALL, Cell, Prompt, cell_stats, prompt_ids
 from autospec.bench.methods import RunResult, fresh_history, hf_generate
 from autospec.controller.factory import make_controller
-from autospec.engine.batch import BatchEngine, Job
-from autospec.engine.loop import Engine, Generation, Request
-from autospec.engine.sampling import SamplingParams
+from autospec.engine.loop import Engine
+from autospec.engine.request import Job
+from autospec.engine.request import Generation, Request
 from autospec.method import Method
+from autospec.models.sampling import SamplingParams
 
 HF_BATCHED = "hf:generate"
 
@@ -96,7 +97,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
     categories = sorted({p.category for p in prompts})
     out = {}
     for level in levels:
-        batch = BatchEngine(engine.models, level, max_len, engine.drafter_options)
+        batch = Engine(engine.models, engine.drafter_options, max_batch=level, max_len=max_len)
         runs: dict[str, list[LoadRun]] = defaultdict(list)
         for m in methods:  # warm-up: lazy init, allocator, the drafters' first calls
             warm = [Job(job.prompt, 4, job.sampling, seed) for job in jobs[:level]]
@@ -124,7 +125,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
     return out
 
 
-def _run(batch: BatchEngine, jobs: list[Job], controller) -> LoadRun:
+def _run(batch: Engine, jobs: list[Job], controller) -> LoadRun:
     run = LoadRun([], [], 0.0)
     last: dict[str, float] = {}
 

@@ -24,9 +24,9 @@ import torch
 
 from autospec.drafters.base import DraftContext, create_drafter
 from autospec.engine.accept import agreeing_prefix
-from autospec.engine.kv import cached_forward, new_cache, rollback
-from autospec.engine.loop import Controller, Engine, StaticController
-from autospec.engine.sampling import SamplingParams
+from autospec.engine.loop import Engine
+from autospec.engine.request import Controller, StaticController
+from autospec.models.sampling import SamplingParams
 from autospec.telemetry import StepRecord, summarise
 
 SCHEMA_VERSION = 1
@@ -126,21 +126,24 @@ def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
 
 @torch.inference_mode()
 def calibrate_verify(engine: Engine, tokens: list[int], k_max: int, repeats: int = 7) -> list[float]:
-    """Median seconds of a target forward over K+1 tokens after a real context, K = 0..k_max."""
-    target = engine.models.target
+    """Median seconds of the engine's target forward over K+1 tokens after a real context,
+    K = 0..k_max (a row of its own, rolled back after each forward)."""
     context = tokens[:max(1, len(tokens) - k_max - 1)]
-    cache = new_cache(target)
-    cached_forward(target, torch.tensor([context]), cache, engine.kwarg, last=1)
+    request = engine.start(context, max_new_tokens=k_max + 1)
+    slot, base = request.slot, engine.cache.lengths[request.slot]
     out = []
-    for k in range(k_max + 1):
-        batch = torch.tensor([tokens[len(context):len(context) + k + 1]])
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            cached_forward(target, batch, cache, engine.kwarg)
-            times.append(time.perf_counter() - t0)
-            rollback(cache, len(context))
-        out.append(statistics.median(times))
+    try:
+        for k in range(k_max + 1):
+            feed = tokens[len(context) - 1:len(context) + k]
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                engine._forward([slot], [feed])
+                times.append(time.perf_counter() - t0)
+                engine.cache.lengths[slot] = base
+            out.append(statistics.median(times))
+    finally:
+        engine.abandon(request)
     return out
 
 

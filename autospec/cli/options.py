@@ -81,7 +81,8 @@ def check_pair_args(pair, target, draft) -> None:
 
 def load_engine(target, draft, dtype, pair=None, drafter_options: dict | None = None):
     """Engine or a ClickException naming what is wrong (no traceback for bad input)."""
-    from autospec.engine.loop import Engine, freeze_heap
+    from autospec.engine.loop import Engine
+    from autospec.engine.request import freeze_heap
     from autospec.models.pair import ModelLoadError, load_pair
     from autospec.models.pairs import load_named_pair
     check_pair_args(pair, target, draft)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
 
 import click
@@ -93,27 +92,16 @@ def _sweep(study_name, url, n_trials, timeout, trace_paths, workload_path, space
     from autospec.engine.bandwidth import hardware_key
     from autospec.tune import study as studies
     from autospec.tune.export import export_best
-    from autospec.tune.objective import tiling_skip_reason, trial_function
+    from autospec.tune.objective import trial_function
     from autospec.tune.space import load_space, shipped_space
 
     space_path = space_path or shipped_space("default")
     space = load_space(space_path)
     source = _source(trace_paths, workload_path, max_new_tokens, model)
     space = space.clamp_k(source.k_limit)
-    tiling = False
-    if space.tiling_kernels:
-        reason = tiling_skip_reason()
-        tiling = reason is None
-        click.echo(reason or "kernel tiling: searching greedy_verify's BLOCK_V, num_warps, "
-                             "num_stages", err=True)
-    search_space = space.grid()
-    if tiling:
-        from autospec.kernels import TILING_SPACES
-        search_space.update({f"tiling.greedy_verify.{k}": v
-                             for k, v in TILING_SPACES["greedy_verify"].items()})
     if grid:
-        n_trials = min(n_trials, math.prod(len(v) for v in search_space.values()))
-        sampler = optuna.samplers.GridSampler(search_space, seed=seed)
+        n_trials = min(n_trials, space.grid_size())
+        sampler = optuna.samplers.GridSampler(space.grid(), seed=seed)
     else:
         sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     pruner = (optuna.pruners.NopPruner() if no_prune or grid else
@@ -125,8 +113,7 @@ def _sweep(study_name, url, n_trials, timeout, trace_paths, workload_path, space
     study = studies.open_study(study_name, studies.make_storage(url, heartbeat), sampler, pruner,
                                {k: v for k, v in attrs.items() if k != "workloads"})
     provenance = {**attrs, "git_sha": studies.git_sha(), "hardware": hardware_key()}
-    vocab = _vocab(source) if tiling else 0
-    objective = trial_function(space, source, n_trials, provenance, discrete or grid, tiling, vocab)
+    objective = trial_function(space, source, n_trials, provenance, discrete or grid)
     click.echo(f"study '{study_name}' in {studies.redact(url)}: {source.kind} on "
                f"{', '.join(sorted(source.hashes))}; {len(space.searched())} fields searched "
                f"from {space_path}", err=True)
@@ -168,12 +155,6 @@ def _source(trace_paths, workload_path, max_new_tokens, model):
         raise ValueError("give --trace PATH (record one with `autospec bench --record PATH`) "
                          "or --workload PATH")
     return ReplayObjective(load_traces(list(trace_paths)))
-
-
-def _vocab(source) -> int:
-    if hasattr(source, "engine"):
-        return int(source.engine.models.target.config.vocab_size)
-    return 1 + max(max(r.prompt + r.output) for _, t in source.traces for r in t.requests)
 
 
 def _show(study) -> str:

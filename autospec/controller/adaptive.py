@@ -338,7 +338,7 @@ class AdaptiveController:
         state.hot[drafter] = 0 < accepted == proposed
 
     def decide_batch(self, requests) -> list[tuple[str | None, int]]:
-        """(drafter, K) for every row of a batch (engine/batch.py asks this way): each row's
+        """(drafter, K) for every row of a batch (Engine.advance asks this way): each row's
         drafter as `decide` chooses it at the row's prices in this batch (`_batch_prices`: its
         share of the step; drafting stalls every row), then every row's K together for the
         batch's goodput under the batch cost s(B, W) of a forward padded to its longest row,

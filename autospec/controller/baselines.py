@@ -72,7 +72,3 @@ class BatchTableController:
 
     def update(self, record: StepRecord, request) -> None:
         pass
-
-
-HFHeuristicPolicy = HFHeuristicController  # deprecated names (one release)
-EMAPolicy = EMAController

@@ -4,7 +4,7 @@ At batch 1 a verify forward is memory-bound: K more tokens cost little, and spec
 from a low acceptance. In a full batch the forward is compute-bound: drafted tokens cost,
 and the same acceptance no longer pays (vLLM measured +23 % at batch 1 and -16 % at batch 32
 at a flat acceptance). So K is chosen for the batch's goodput — its tokens per second — not
-for each row alone. The forward pads every row to the longest (engine/batch.py), so what it
+for each row alone. The forward pads every row to the longest (engine/loop.py), so what it
 computes is B rows x W positions, W = 1 + the largest K of any row:
 
     step seconds   s(B, W) = a + b B + c B W + o B   (a, b, c fitted online from the batch

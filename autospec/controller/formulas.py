@@ -1,4 +1,4 @@
-"""DESIGN.md's formulas as pure functions over arrays.
+"""The cost model of docs/controller.md as pure functions over arrays.
 
 alpha[j]   P(draft position j+1 accepted | positions 1..j accepted), j = 0..K_max-1
 E(K)       expected tokens per round = 1 + sum_{k=1..K} prod_{j<=k} alpha_j

@@ -1,7 +1,7 @@
 """The controller's settings: every knob declared once (ControllerSettings).
 
 The policy file's schema (policy.py), the search space's kinds and bounds (tune/space.py) and
-README's knob table are derived from these fields; the controller (adaptive.py) reads them.
+docs/controller.md's knob table are derived from these fields; the controller (adaptive.py) reads them.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ K_LIMIT = 64  # past this a draft costs more to verify than any acceptance rate 
 class ControllerSettings:
     """Every knob of the controller, declared once: type, range, default, whether a policy
     file may set it (and `tune` search it) and what it means, in each field's `Knob`. The
-    policy file's schema, the search space's kinds and bounds and README's table are derived
+    policy file's schema, the search space's kinds and bounds and docs/controller.md's table are derived
     from these fields (policy.py, tune/space.py); a new knob is one field here."""
     drafters: tuple[str, ...] = knob(
         DEFAULT_DRAFTERS, "drafters the controller may pick (plain decoding is always an option)",
@@ -71,7 +71,7 @@ class ControllerSettings:
     # the default decides in full every step; the knob stays for very short steps
     redecide_every: int = knob(1, "steps between full drafter decisions; in between only K is "
                                   "re-chosen for the drafter in use", "int", low=1, high=64)
-    # issue 16: the suffix drafter's counts as evidence (shown with and without in README)
+    # issue 16: the suffix drafter's counts as evidence (shown with and without in docs/benchmarks.md)
     confidence_buckets: bool = knob(True, "keep a look-up drafter's acceptance per confidence "
                                           "bucket of its proposal (suffix: < 0.5, < 0.9, above)",
                                     "bool")
@@ -88,7 +88,7 @@ class ControllerSettings:
                                  "float", low=0, high=1024)
     # issue 15: ITL p99 <= plain's. A token whose draft was rejected waits a whole step, so
     # bounding the step bounds the tail of inter-token latency, at a cost in throughput
-    # (policies/latency.yaml sets it; README shows both)
+    # (policies/latency.yaml sets it; docs/benchmarks.md shows both)
     step_cap: float = knob(0.0, "largest predicted step (drafting + verify) a decision may "
                                 "choose, as a multiple of a plain step at the same batch size: "
                                 "a bound on inter-token latency (0: none; else >= 1)",

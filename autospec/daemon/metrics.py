@@ -67,9 +67,6 @@ def render(state: DaemonState) -> str:
     f.family("autospec_conditional_acceptance", "gauge",
              "Learnt P(draft position accepted | earlier ones accepted), per drafter.",
              _positions(state))
-    f.family("autospec_acceptance_per_position", "gauge",  # the old name, for one release
-             "Deprecated: renamed autospec_conditional_acceptance (same values).",
-             _positions(state))
     f.family("autospec_bandwidth_utilisation", "gauge",
              "Achieved / peak memory bandwidth, mean over the last ingested batch.",
              (({"model_pair": p}, u) for p, u in sorted(c.bandwidth_utilisation.items())))

@@ -1,62 +1,143 @@
-"""A small language model as drafter, with its own KV cache.
+"""A small language model as drafter: the drafting algorithm, written once.
 
-The cache holds `fed`, the tokens the drafter has run through its model. Before each
-proposal it keeps the longest prefix of `fed` that the context still agrees with (after a
-rejection the tail is stale), crops the cache to it and runs the rest: so roll-back needs no
-bookkeeping from `observe`, and after a full accept the last draft token and the bonus token
-are both fed — the cache never has a hole (gpt-fast's fix, done lazily).
+`BatchDraftModel` drafts for many rows at once — every row that chose the model drafts in ONE
+forward per draft position, not one forward per row and position (the engine's draft-model
+rows); `CachedLMDrafter` is the same over one row of its own (a per-request drafter: the early
+exit, the synthetic drafter, a draft model outside the engine's batch).
+
+The model gets a RowCache of its own (models/kv.py), slot for slot beside the target's, and
+per slot `fed`: the tokens its cache holds. A step's rows each keep the longest prefix of `fed`
+their context still agrees with (a rejection leaves a stale tail; rolling back is setting the
+length), then position 0 runs every row's pending tokens (usually the bonus token, or the last
+draft token and the bonus after a full accept — gpt-fast's no-hole rule, done lazily, so
+`observe` has nothing to roll back; a whole prompt on a row's first step) and each later
+position one token per row still drafting (a row with k = 2 leaves the forward after position
+1; the others go on). Greedy picks the argmax per row; sampling draws per row from its own
+generator and keeps the distribution it drew from (draft_probs), so rejection sampling stays
+exact per request.
 """
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from autospec.drafters.base import Draft, DraftContext, Drafter, agreeing_prefix, register
-from autospec.models.kv import cache_kwarg, cached_forward, new_cache, rollback
+from autospec.models.kv import RowCache, cache_kwarg, keeps_logits
 from autospec.models.pair import kv_bytes_per_token, weight_bytes
 from autospec.models.sampling import probs_from_logits, sample
 
 
-class CachedLMDrafter(Drafter):
-    """Drafts autoregressively from any causal LM; subclasses pick the model and the token."""
+@dataclass
+class DraftRow:
+    """One row's part in a batched draft: its slot, its context and how many tokens."""
+    slot: int
+    ctx: DraftContext
+    k: int
 
-    def __init__(self, model):
+
+class BatchDraftModel:
+    """A draft model drafting for many rows at once (`propose`), with a cache slot per row."""
+
+    def __init__(self, model, max_batch: int, max_len: int | None = None,
+                 pick: Callable[[torch.Tensor, DraftContext], tuple[int, torch.Tensor | None]] | None = None):
         self.model = model
+        self.pick = pick or self.pick
         self.kwarg = cache_kwarg(model)
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", None)
+                                 or max_len or 2048)
+        self.cache = RowCache(model, max_batch, min(max_len or self.max_positions,
+                                                    self.max_positions))
+        self.fed: list[list[int]] = [[] for _ in range(max_batch)]
         self._weight_bytes = weight_bytes(model)
         self._kv_bytes = kv_bytes_per_token(model)
-        self.reset()
+        self.forwards = 0  # draft forwards run (one per draft position of a step)
 
-    def reset(self) -> None:
-        self.cache = new_cache(self.model)
-        self.fed: list[int] = []
-
-    def pick(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[int, torch.Tensor | None]:
-        """Next draft token from (V,) logits, and the distribution it was drawn from."""
+    @staticmethod
+    def pick(logits: torch.Tensor, ctx: DraftContext) -> tuple[int, torch.Tensor | None]:
+        """Next draft token from (V,) logits, and the distribution it was drawn from (None
+        under greedy decoding)."""
         if ctx.sampling.greedy:
             return int(logits.argmax()), None
-        probs = probs_from_logits(logits, ctx.sampling)
-        return sample(probs, ctx.generator), probs
+        token_probs = probs_from_logits(logits, ctx.sampling)
+        return sample(token_probs, ctx.generator), token_probs
+
+    def reset(self, slot: int) -> None:
+        """A new request took `slot`: nothing of the last one's is kept."""
+        self.fed[slot] = []
+        self.cache.lengths[slot] = 0
 
     @torch.inference_mode()
+    def propose(self, rows: list[DraftRow]) -> tuple[list[Draft], float]:
+        """Each row's draft of rows[i].k tokens, and the seconds the batched drafting took."""
+        t0 = time.perf_counter()
+        pending = []
+        for row in rows:
+            tokens = row.ctx.tokens
+            keep = min(agreeing_prefix(self.fed[row.slot], tokens), len(tokens) - 1)
+            self.cache.lengths[row.slot] = keep
+            self.fed[row.slot] = self.fed[row.slot][:keep]
+            pending.append(tokens[keep:])
+        drafted: list[list[int]] = [[] for _ in rows]
+        probs: list[list[torch.Tensor]] = [[] for _ in rows]
+        moved = [0] * len(rows)
+        for position in range(max(row.k for row in rows)):
+            # 1. the rows still drafting at this position, each feeding its pending tokens
+            active = [i for i, row in enumerate(rows) if row.k > position]
+            logits = self._last_logits([rows[i].slot for i in active], [pending[i] for i in active])
+            for j, i in enumerate(active):
+                row = rows[i]
+                self.cache.lengths[row.slot] += len(pending[i])
+                self.fed[row.slot] += pending[i]
+                moved[i] += self._weight_bytes // len(active) + self._kv_bytes * len(self.fed[row.slot])
+                # 2. pick: argmax, or a draw from the row's own generator
+                token, token_probs = self.pick(logits[j], row.ctx)
+                if token_probs is not None:
+                    probs[i].append(token_probs)
+                drafted[i].append(token)
+                pending[i] = [token]
+        drafts = [Draft(tokens, None if row.ctx.sampling.greedy else torch.stack(row_probs),
+                        bytes_read)
+                  for row, tokens, row_probs, bytes_read in zip(rows, drafted, probs, moved)]
+        return drafts, time.perf_counter() - t0
+
+    def _last_logits(self, slots: list[int], inputs: list[list[int]]) -> torch.Tensor:
+        """(n, V) the logits after each row's last input token: one forward, rows right-padded,
+        the LM head only at the distinct last positions (a first step feeds a whole prompt)."""
+        keep = sorted({len(ids) - 1 for ids in inputs})
+        extra = {}
+        if keeps_logits(type(self.model)):
+            extra["logits_to_keep"] = torch.tensor(keep, device=self.cache.device)
+        else:  # the head over every position
+            keep = list(range(max(map(len, inputs))))
+        logits = self.cache.forward(self.model, self.kwarg, slots, inputs, self.max_positions,
+                                    **extra)
+        self.forwards += 1
+        column = {position: c for c, position in enumerate(keep)}
+        rows = torch.arange(len(inputs))
+        return logits[rows, torch.tensor([column[len(ids) - 1] for ids in inputs])].float()
+
+
+class CachedLMDrafter(Drafter):
+    """Drafts autoregressively from any causal LM, in a one-row cache of its own."""
+
+    def __init__(self, model):
+        # one row of the model's positions (the cache grows as used); a subclass's `pick`
+        # chooses each draft token (synthetic: a set acceptance rate)
+        self.drafting = BatchDraftModel(model, 1, pick=self.pick)
+
+    pick = staticmethod(BatchDraftModel.pick)
+
+    def reset(self) -> None:
+        self.drafting.reset(0)
+
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        keep = min(agreeing_prefix(self.fed, ctx.tokens), len(ctx.tokens) - 1)
-        rollback(self.cache, keep)
-        pending = ctx.tokens[keep:]
-        self.fed = self.fed[:keep] + pending
-        tokens, probs = [], []
-        bytes_read = 0
-        for i in range(k):
-            logits = cached_forward(self.model, torch.tensor([pending]), self.cache, self.kwarg,
-                                    last=1)[0, -1]
-            bytes_read += self._weight_bytes + self._kv_bytes * len(self.fed)
-            token, token_probs = self.pick(logits, ctx)
-            tokens.append(token)
-            probs.append(token_probs)
-            pending = [token]
-            if i < k - 1:
-                self.fed.append(token)
-        draft_probs = None if ctx.sampling.greedy else torch.stack(probs)
-        return Draft(tokens, draft_probs, bytes_read)
+        if k <= 0:
+            return Draft.empty()
+        drafts, _ = self.drafting.propose([DraftRow(0, ctx, k)])
+        return drafts[0]
 
 
 @register("draft-model")

@@ -41,7 +41,7 @@ Across processes (`autospec serve --share-outputs`; autospec/daemon/outputs.py):
 process keeps its own shared index, and the daemon relays segments — a process sends the ones
 its requests hand over (`export_handoffs`) with its telemetry, and pulls the others' every few
 seconds. Not a daemon-held index queried per proposal: a round trip on the daemon's Unix
-socket is 0.16–0.21 ms at p50 idle (0.45 ms under ingest load, README), 11–30× the 15 µs
+socket is 0.16–0.21 ms at p50 idle (0.45 ms under ingest load, docs/benchmarks.md), 11–30× the 15 µs
 proposal, it would put I/O on the fast path, and drafting would stop when the daemon does.
 Not a snapshot pull either: a full index is ~3 MB of JSON and ~9 s to rebuild. Measured with
 a real daemon (204 800 tokens of standard-library code in 512-token segments): 4 bytes of JSON

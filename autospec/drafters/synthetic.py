@@ -2,9 +2,9 @@
 
 It runs the target itself (so it is never fast): with probability `alpha` each position is the
 target's own choice, otherwise a token the target would not pick. Per-position acceptance is
-then alpha, independent across positions, exactly the flat-alpha case of DESIGN.md's formulas.
-Under sampling it draws from the mixture alpha * target + (1 - alpha) * uniform and reports that
-mixture as draft_probs, so rejection sampling stays exact.
+then alpha, independent across positions: the flat-alpha case of the cost model in
+docs/controller.md. Under sampling it draws from the mixture alpha * target + (1 - alpha) *
+uniform and reports that mixture as draft_probs, so rejection sampling stays exact.
 """
 from __future__ import annotations
 

@@ -6,9 +6,13 @@ first rejection. So a round emits accepted + 1 tokens, and plain decoding is k =
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from autospec.drafters.base import agreeing_prefix  # its one definition; imported from here too
+from autospec.engine.request import Round
+from autospec.models.sampling import probs_from_logits
 
 
 def greedy_accept(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
@@ -21,17 +25,34 @@ def greedy_accept(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple
     return accepted, target_tokens[accepted]
 
 
-def fused_greedy_accept(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
-    """greedy_accept through autospec.kernels.greedy_verify: the fused Triton kernel on CUDA
-    (one launch, no (k+1, V) argmax materialised on the host), its torch reference elsewhere.
-    Same result as greedy_accept, exactly (tests/kernels/test_kernels.py, tests/engine/test_accept.py)."""
-    if not draft_tokens:
-        return greedy_accept(draft_tokens, target_logits)
+def greedy_accept_rows(draft_tokens: list[list[int]], target_logits: torch.Tensor
+                       ) -> list[tuple[int, int]]:
+    """greedy_accept for every row of a step at once: draft_tokens[i] has k_i ids,
+    target_logits (n, T, V) with T >= k_i + 1 (rows right-padded). Through
+    autospec.kernels.greedy_verify: on CUDA the fused Triton kernel (one launch for the batch,
+    no (n, T, V) argmax materialised on the host) — the same result as greedy_accept row by
+    row, exactly (tests/kernels, tests/engine/test_accept.py)."""
+    if not target_logits.is_cuda:
+        # a few-row host argmax and a Python compare: cheaper than the reference's tensor ops
+        # at the 1-16 rows of a step here, and the same result (the reference's own oracle)
+        target_tokens = target_logits.argmax(-1).tolist()  # (n, T)
+        accepted = [agreeing_prefix(d, t) for d, t in zip(draft_tokens, target_tokens)]
+        return [(a, t[a]) for a, t in zip(accepted, target_tokens)]
+    return verify_rows(draft_tokens, target_logits)
+
+
+def verify_rows(draft_tokens: list[list[int]], target_logits: torch.Tensor) -> list[tuple[int, int]]:
+    """greedy_accept_rows through autospec.kernels.greedy_verify, the drafts padded to (n, T-1):
+    the Triton kernel where the logits are on CUDA, its torch reference elsewhere."""
     from autospec.kernels.verify import greedy_verify  # imports triton: only when used
-    draft = torch.tensor([draft_tokens], device=target_logits.device)  # (1, k)
-    num_draft = torch.tensor([len(draft_tokens)], device=target_logits.device)
-    accepted, next_token = greedy_verify(draft, num_draft, target_logits[None])
-    return int(accepted[0]), int(next_token[0])
+    n, width = target_logits.shape[:2]
+    padded = torch.zeros((n, width - 1), dtype=torch.long)
+    for i, tokens in enumerate(draft_tokens):
+        padded[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    device = target_logits.device
+    num_draft = torch.tensor([len(tokens) for tokens in draft_tokens], device=device)
+    accepted, next_token = greedy_verify(padded.to(device), num_draft, target_logits)
+    return list(zip(accepted.tolist(), next_token.tolist()))
 
 
 def rejection_accept(draft_tokens: list[int], draft_probs: torch.Tensor | None,
@@ -61,3 +82,25 @@ def rejection_accept(draft_tokens: list[int], draft_probs: torch.Tensor | None,
         residual = residual / total if total > 1e-12 else target_probs[i]
         return i, int(torch.multinomial(residual, 1, generator=generator))
     return k, int(torch.multinomial(target_probs[k], 1, generator=generator))
+
+
+def accept_rows(rounds: Sequence[Round], target_logits: torch.Tensor) -> list[tuple[int, int]]:
+    """Step 3 for a whole step: target_logits (n, T, V), row i's first len(draft_i) + 1
+    positions scoring its draft -> (accepted, next_token) per row. Greedy rows together (one
+    argmax, one kernel launch on CUDA), sampled rows one by one, each with its own generator."""
+    results: list[tuple[int, int] | None] = [None] * len(rounds)
+    greedy = [i for i, rnd in enumerate(rounds) if rnd.request.sampling.greedy]
+    if greedy:
+        logits = target_logits if len(greedy) == len(rounds) else target_logits[greedy]
+        for i, result in zip(greedy, greedy_accept_rows(
+                [rounds[i].draft_tokens for i in greedy], logits)):
+            results[i] = result
+    for i, rnd in enumerate(rounds):
+        if results[i] is None:
+            n = len(rnd.draft_tokens)
+            target_probs = probs_from_logits(target_logits[i, :n + 1], rnd.request.sampling)
+            draft_probs = rnd.draft.draft_probs
+            draft_probs = draft_probs[:n] if draft_probs is not None else None
+            results[i] = rejection_accept(rnd.draft_tokens, draft_probs, target_probs,
+                                          rnd.request.generator)
+    return results

@@ -58,6 +58,3 @@ def hardware_key(device: str = "cpu") -> str:
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"cuda:{torch.cuda.get_device_name(device)}"
     return f"cpu:{platform.machine()}:{os.cpu_count()}cpu:{torch.get_num_threads()}threads"
-
-
-hardware_name = hardware_key  # deprecated name (one release)

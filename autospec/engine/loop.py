@@ -1,145 +1,54 @@
-"""The speculative decoding loop: propose -> verify -> accept -> roll back -> observe.
+"""The speculative decoding engine: propose -> verify -> accept -> roll back -> observe.
 
-One request at a time (requests may be interleaved step by step: each carries its own caches
-and drafters). The target's KV cache holds every token but the newest; a step feeds
-[newest] + draft (k+1 tokens) in one forward, keeps the accepted prefix plus one target token,
-and crops the cache back. k = 0 is plain decoding through the very same code.
+One engine, one step. Every request holds a row of one preallocated KV cache (RowCache,
+models/kv.py: a length per row, roll-back = setting it, as gpt-fast does), and every
+step advances all the rows it is given in ONE target forward: row i feeds its
+[newest token] + draft (k_i + 1 tokens, k_i = 0 is plain decoding), right-padded to the widest
+row. One request is a batch of one; `generate` is the loop over one row, `run` the closed loop
+over many, a server's decode thread calls `advance` — the same step underneath.
 
-Which drafter and which k are *arguments* of `step`; a `Controller` (static here, the
-adaptive one in autospec/controller/) decides them between steps.
+Which drafter and which k are *arguments* of the step; a Controller (static here, the adaptive
+one in autospec/controller/) decides them between steps (`advance`).
+
+Choices:
+- a joining request is prefilled by a forward of its own (batch 1, into its row): simplest
+  correct; a long prompt then delays the other rows' step once, as in a non-chunked server.
+- drafting: the draft model drafts for all its rows in one forward per draft position
+  (drafters/draft_model.py, its own RowCache slot for slot); look-up drafters (n-gram, suffix)
+  and the early exit per row through their drafter objects.
+- a request must fit its row: prompt + max_new_tokens <= max_len, checked when it joins.
+- telemetry: each row gets its own StepRecord; verify_seconds is the step's verify phase
+  (every row waited for all of it), batch_size and batch_tokens say what the forward held, and
+  each row is charged 1/batch_size of the weight bytes.
 """
 from __future__ import annotations
 
-import atexit
 import functools
-import gc
 import itertools
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from collections import deque
+from typing import Callable, Iterable, Sequence
 
 import torch
 
-from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, create_drafter
-from autospec.engine.accept import fused_greedy_accept, greedy_accept, rejection_accept
-from autospec.models.kv import cache_kwarg, cached_forward, new_cache, rollback
+from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, create_drafter, drafter_class
+from autospec.drafters.draft_model import BatchDraftModel, DraftRow
+from autospec.engine.accept import accept_rows
+from autospec.engine.request import (Controller, Generation, Job, Request, Round,
+                                     StaticController, decide_batch)
+from autospec.models.kv import RowCache, cache_kwarg
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
-from autospec.models.sampling import SamplingParams, probs_from_logits
-from autospec.telemetry import RequestRecord, StepRecord, summarise
-
-
-class Controller(Protocol):
-    """Chooses (drafter name or None, k) before each step; told each step's record after."""
-    def decide(self, request: "Request") -> tuple[str | None, int]: ...
-    def update(self, record: StepRecord, request: "Request") -> None: ...
-
-
-_heap_collected = False
-
-
-def freeze_heap() -> None:
-    """Move every object alive now out of the cyclic garbage collector's reach (gc.freeze),
-    after one full collection per process. Called once the models are loaded (the CLI's
-    engines, `autospec.load`): a full collection otherwise walks the models' modules,
-    parameters, tokenizer and the libraries' own objects (~470k on the reference pair) and
-    took 10-160 ms, seven times in a three-run bench at 16 rows — a pause in some step's
-    inter-token latency and in whichever phase it fell (once a whole run's controller share).
-    Frozen objects are still freed by reference counting; only cycles among them wait."""
-    global _heap_collected
-    if not _heap_collected:
-        gc.collect()
-        # thawed at exit, so the interpreter's last collection still frees them (nanobind's
-        # extensions, triton's, report what is left as leaks)
-        atexit.register(gc.unfreeze)
-        _heap_collected = True
-    gc.freeze()
-
-
-@dataclass
-class StaticController:
-    """The same (drafter, k) every step; (None, 0) is plain decoding."""
-    drafter: str | None
-    k: int
-
-    def decide(self, request: "Request") -> tuple[str | None, int]:
-        return self.drafter, self.k
-
-    def update(self, record: StepRecord, request: "Request") -> None:
-        pass
-
-
-Policy = Controller  # deprecated name (one release): "policy" now means a policy file only
-StaticPolicy = StaticController  # deprecated name (one release)
-
-
-@dataclass
-class Request:
-    """One generation in flight: its tokens, the target's cache, its drafters, its steps."""
-    request_id: str
-    tokens: list[int]  # prompt + output; the target's cache holds all but the last
-    prompt_len: int
-    max_new_tokens: int
-    sampling: SamplingParams
-    generator: torch.Generator
-    cache: object
-    workload: str | None = None
-    method: str | None = None  # as the caller named it (serve: the request's), for telemetry
-    drafters: dict[str, Drafter] = field(default_factory=dict)
-    steps: list[StepRecord] = field(default_factory=list)
-    finish_reason: str | None = None
-    started: float = field(default_factory=time.perf_counter)
-    # a look-up drafter's proposal taken before the decision (Engine.peek): drafter ->
-    # (context length, k asked, draft, seconds it took, by the engine); the step then drafts
-    # no second time. By the engine (True): the batched engine's draft-model drafts, made
-    # outside any decision (engine/batch_draft.py); False: a controller's peek
-    peeked: dict[str, tuple[int, int, Draft, float, bool]] = field(default_factory=dict)
-    # seconds of the controller's peeked look-ups this step (the one its draft used and any it
-    # did not): charged to its draft seconds, so taken out of the controller's (the
-    # controller looked them up, but indexing and matching are the drafters' work)
-    lookup_seconds: float = 0.0
-    # when this step's decision began (perf_counter): the controller learns the step's
-    # overhead from it (wall time less draft and verify); None outside a live loop (replay)
-    step_started: float | None = None
-    # Engine.peek bound to this request, for a controller that decides from the proposal
-    peek: Callable[[str, int], Draft | None] | None = field(default=None, repr=False)
-    # drafter options for this request in place of the engine's, set before its first step: a
-    # server's tenant (its own suffix index) shares one batch with the other tenants
-    drafter_options: dict[str, dict] | None = None
-
-    @property
-    def output(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class Generation:
-    text: str
-    token_ids: list[int]  # the output only
-    telemetry: RequestRecord
-
-
-@dataclass
-class Round:
-    """One request's step in flight, between propose and observe (a batch holds one per row)."""
-    request: Request
-    drafter_name: str  # "none" for a plain step
-    k: int  # after clamping
-    drafter: Drafter | None
-    draft: Draft
-    draft_tokens: list[int]  # draft.tokens[:k]
-    context: int  # tokens in the target's cache before the step
-    draft_seconds: float
-
+from autospec.models.sampling import SamplingParams
+from autospec.telemetry import StepRecord, summarise
 
 class Engine:
-    """Speculative decoding over a ModelPair. Thread-compatible, not thread-safe."""
+    """Speculative decoding over a ModelPair, up to `max_batch` requests at once, each in a row
+    of `max_len` positions (default: the target's limit; the cache grows as rows reach
+    further). Thread-compatible, not thread-safe."""
 
-    def __init__(self, models: ModelPair, drafter_options: dict[str, dict] | None = None):
+    def __init__(self, models: ModelPair, drafter_options: dict[str, dict] | None = None, *,
+                 max_batch: int = 1, max_len: int | None = None):
         self.models = models
         self.drafter_options = drafter_options or {}
         self.kwarg = cache_kwarg(models.target)
@@ -147,39 +56,87 @@ class Engine:
         self.target_kv_bytes = kv_bytes_per_token(models.target)
         self.eos_ids = models.eos_ids
         self._ids = itertools.count()
+        max_len = max_len or models.max_positions
+        if max_len > models.max_positions:
+            raise ValueError(f"max_len {max_len} exceeds the target's {models.max_positions} positions")
+        self.cache = RowCache(models.target, max_batch, max_len)
+        # the draft model drafts for all its rows at once, in a cache of its own
+        self.batch_draft = None
+        if models.draft is not None:
+            self.batch_draft = BatchDraftModel(models.draft, max_batch, max_len)
 
-    # -- requests -----------------------------------------------------------------------
+    @property
+    def max_batch(self) -> int:
+        return self.cache.max_batch
+
+    @property
+    def max_positions(self) -> int:
+        """Positions a request may reach: a row's."""
+        return self.cache.max_len
+
+    # -- requests join and leave ----------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
         ids = self.models.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("empty prompt: give at least one token")
         return ids
 
-    @property
-    def max_positions(self) -> int:
-        """Positions a request may reach: the target's limit (a batch engine's cache may hold fewer)."""
-        return self.models.max_positions
-
     def start(self, prompt: str | list[int], max_new_tokens: int = 64,
               sampling: SamplingParams = SamplingParams(), seed: int = 0,
               request_id: str | None = None, workload: str | None = None,
               method: str | None = None) -> Request:
-        """Tokenise, check, and prefill all prompt tokens but the last into the target cache.
+        """Tokenise, check, take a row and prefill all prompt tokens but the last into it.
         `method` is only recorded (in the telemetry): the caller's controller decides."""
         ids = self.encode(prompt)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        limit = self.models.max_positions
-        if len(ids) >= limit:
-            raise ValueError(f"prompt has {len(ids)} tokens; the target's limit is {limit} positions")
         request = Request(
             request_id=request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}",
             tokens=ids, prompt_len=len(ids), max_new_tokens=max_new_tokens, sampling=sampling,
-            generator=torch.Generator().manual_seed(seed), cache=None, workload=workload,
-            method=method)
+            generator=torch.Generator().manual_seed(seed), workload=workload, method=method)
         request.peek = functools.partial(self.peek, request)
         self.prefill(request)
         return request
+
+    @torch.inference_mode()
+    def prefill(self, request: Request) -> None:
+        """Check the request fits a row, take the lowest free one, prefill all the request's
+        tokens but the last into it (a forward of its own)."""
+        need = request.prompt_len + request.max_new_tokens
+        if need > self.cache.max_len:
+            raise ValueError(f"request needs {need} positions (prompt {request.prompt_len} + "
+                             f"max_new_tokens {request.max_new_tokens}); a row holds "
+                             f"{self.cache.max_len} positions (max_len)")
+        slot = self.cache.claim()
+        if self.batch_draft is not None:
+            self.batch_draft.reset(slot)
+        if request.prompt_len > 1:
+            try:
+                self._forward([slot], [request.tokens[:-1]], last=1)
+            except BaseException:
+                self.cache.release(slot)
+                raise
+        self.cache.lengths[slot] = request.prompt_len - 1
+        request.slot = slot
+
+    def finish(self, request: Request) -> Generation:
+        """Free the request's row (the next request may join it) and summarise. Its drafters
+        are told it ended (`finish`), here and not in a finalizer: what they publish (the
+        suffix drafter's output, to the shared index) is there before the next request."""
+        self.abandon(request)
+        for drafter in request.drafters.values():
+            drafter.finish(self._context(request))
+        record = summarise(request.request_id, request.prompt_len, request.steps,
+                           time.perf_counter() - request.started, request.workload,
+                           request.finish_reason or "length", request.method)
+        text = self.models.tokenizer.decode(request.output, skip_special_tokens=True)
+        return Generation(text, list(request.output), record)
+
+    def abandon(self, request: Request) -> None:
+        """Free the request's row with no result (its run or its server step failed)."""
+        if request.slot is not None:
+            self.cache.release(request.slot)
+            request.slot = None
 
     def peek(self, request: Request, name: str, k: int) -> Draft | None:
         """The proposal drafter `name` would make now, for a controller deciding before the
@@ -194,41 +151,65 @@ class Engine:
         request.peeked[name] = (len(request.tokens), k, draft, time.perf_counter() - t0, False)
         return draft
 
-    @torch.inference_mode()
-    def prefill(self, request: Request) -> None:
-        """Give the request its own target cache, holding all its tokens but the last."""
-        request.cache = new_cache(self.models.target)
-        if len(request.tokens) > 1:
-            cached_forward(self.models.target, torch.tensor([request.tokens[:-1]]), request.cache,
-                           self.kwarg, last=1)
-
     def drafter_for(self, request: Request, name: str) -> Drafter:
         if name not in request.drafters:
             options = self.drafter_options if request.drafter_options is None else request.drafter_options
             request.drafters[name] = create_drafter(name, self.models, **options.get(name, {}))
         return request.drafters[name]
 
-    # -- the loop -----------------------------------------------------------------------
-    @torch.inference_mode()
+    def check_drafter(self, drafter: str, k: int) -> None:
+        """Fail before any work on an unknown drafter or k <= 0 (k = 0 means drafter=None)."""
+        drafter_class(drafter)
+        if k <= 0:
+            raise ValueError(f"k must be >= 1 with drafter '{drafter}', got {k} "
+                             f"(for plain decoding pass drafter=None)")
+
+    # -- the step -------------------------------------------------------------------------
     def step(self, request: Request, drafter_name: str | None, k: int) -> list[int]:
-        """One speculative round. Returns the tokens it appended."""
-        # 1. propose (k clamped to what the request may still emit)
-        rnd = self.propose(request, drafter_name, k)
+        """One speculative round for one request (a batch of one). Returns the tokens appended."""
+        return self.step_batch([(request, drafter_name, k)])[0]
+
+    @torch.inference_mode()
+    def step_batch(self, decisions: Sequence[tuple[Request, str | None, int]]) -> list[list[int]]:
+        """One speculative round for every (request, drafter, k) in one target forward.
+        Returns the tokens appended to each request."""
+        slots = [request.slot for request, _, _ in decisions]
+        if len(set(slots)) != len(slots) or None in slots:
+            raise ValueError("step_batch needs distinct requests, each started on this engine")
+        if slots != sorted(slots):
+            # rows in slot order: where they hold consecutive slots the forward reads a view of
+            # the cache, not a gather of every layer's K and V (RowCache's Bound.first)
+            order = sorted(range(len(slots)), key=slots.__getitem__)
+            emitted = self.step_batch([decisions[i] for i in order])
+            out: list[list[int]] = [[] for _ in slots]
+            for j, i in enumerate(order):
+                out[i] = emitted[j]
+            return out
+        # 1. propose: each row asks its own drafter for its own k (the draft model's rows
+        # all at once, one forward per draft position: _draft_model_rows)
+        self._draft_model_rows(decisions)
+        rounds = [self.propose(request, name, k) for request, name, k in decisions]
         t1 = time.perf_counter()
 
-        # 2. verify: one target forward over [newest token] + draft, (k+1, V) logits
-        verify_input = torch.tensor([[request.tokens[-1], *rnd.draft_tokens]])
-        target_logits = cached_forward(self.models.target, verify_input, request.cache, self.kwarg)[0]
+        # 2. verify: one target forward over every row's [newest token] + draft, (n, T, V)
+        inputs = [[rnd.request.tokens[-1], *rnd.draft_tokens] for rnd in rounds]
+        target_logits = self._forward(slots, inputs)
 
-        # 3. accept
-        accepted, next_token = self.accept(rnd, target_logits)
+        # 3. accept: greedy rows together (one argmax, one kernel launch on CUDA), sampled
+        # rows one by one, each with its own generator
+        results = accept_rows(rounds, target_logits)
 
-        # 4. roll back the target's cache to what is now the context (all but next_token)
-        rollback(request.cache, rnd.context + 1 + accepted)
-        emitted = self._append(request, rnd.draft_tokens[:accepted] + [next_token])
+        emitted = []
+        for rnd, (n_accepted, next_token) in zip(rounds, results):
+            # 4. roll back: the row's length is its context (all but next_token)
+            self.cache.lengths[rnd.request.slot] = rnd.context + 1 + n_accepted
+            emitted.append(self._append(rnd.request, rnd.draft_tokens[:n_accepted] + [next_token]))
 
-        # 5. record telemetry, tell the drafter
-        self.observe(rnd, accepted, emitted, verify_seconds=time.perf_counter() - t1)
+        # 5. record telemetry, tell the drafters
+        verify_seconds = time.perf_counter() - t1
+        batch_tokens, width = sum(map(len, inputs)), max(map(len, inputs))
+        for rnd, (n_accepted, _), tokens in zip(rounds, results, emitted):
+            self.observe(rnd, n_accepted, tokens, verify_seconds, len(rounds), batch_tokens, width)
         return emitted
 
     def clamp_k(self, request: Request, k: int) -> int:
@@ -237,11 +218,11 @@ class Engine:
                    self.max_positions - len(request.tokens) - 1)
         return max(0, min(k, room))
 
-    def propose(self, request: Request, drafter_name: str | None, k: int) -> "Round":
-        """Step 1 for one request: clamp k, ask the drafter, time it."""
+    def propose(self, request: Request, drafter_name: str | None, k: int) -> Round:
+        """Step 1 for one row: clamp k, ask the drafter (or take its peeked draft), time it."""
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
-        context = len(request.tokens) - 1  # tokens in the target's cache
+        context = len(request.tokens) - 1  # tokens in the target's cache row
         k = self.clamp_k(request, k) if drafter_name else 0
         t0 = time.perf_counter()
         drafter = self.drafter_for(request, drafter_name) if k else None
@@ -252,7 +233,7 @@ class Engine:
         looked = [p for p in (*request.peeked.values(), peeked) if p is not None and not p[4]]
         request.lookup_seconds = sum(p[3] for p in looked)
         request.peeked.clear()  # looked up at an older context, or for another drafter
-        drafted = 0.0  # seconds of the engine's own draft made before the step (batch_draft)
+        drafted = 0.0  # seconds of the engine's own draft made before the step (_draft_model_rows)
         if peeked is not None and peeked[0] == len(request.tokens) and peeked[1] >= k:
             draft = peeked[2]
             drafted = peeked[3] if peeked[4] else 0.0
@@ -262,24 +243,11 @@ class Engine:
                      draft.tokens[:k], context,
                      time.perf_counter() - t0 + request.lookup_seconds + drafted)
 
-    @staticmethod
-    def accept(rnd: "Round", target_logits: torch.Tensor) -> tuple[int, int]:
-        """Step 3 for one request: target_logits (len(draft_tokens) + 1, V) -> (accepted, next_token)."""
-        request, draft_tokens = rnd.request, rnd.draft_tokens
-        if request.sampling.greedy:
-            # on CUDA the fused Triton verification kernel; on CPU the pure function
-            accept = fused_greedy_accept if target_logits.is_cuda else greedy_accept
-            return accept(draft_tokens, target_logits)
-        target_probs = probs_from_logits(target_logits, request.sampling)
-        draft_probs = rnd.draft.draft_probs
-        draft_probs = draft_probs[:len(draft_tokens)] if draft_probs is not None else None
-        return rejection_accept(draft_tokens, draft_probs, target_probs, request.generator)
-
-    def observe(self, rnd: "Round", accepted: int, emitted: list[int], verify_seconds: float,
+    def observe(self, rnd: Round, accepted: int, emitted: list[int], verify_seconds: float,
                 batch_size: int = 1, batch_tokens: int | None = None,
                 batch_width: int | None = None) -> StepRecord:
-        """Step 5 for one request: its StepRecord, and the drafter told what was kept. In a
-        batch the weights are read once for all rows: each row is charged its share."""
+        """Step 5 for one row: its StepRecord, and the drafter told what was kept. The weights
+        are read once for all rows of the forward: each row is charged its share."""
         request = rnd.request
         verify_tokens = len(rnd.draft_tokens) + 1
         moved = (self.target_weight_bytes // batch_size + self.target_kv_bytes * rnd.context
@@ -315,50 +283,115 @@ class Engine:
                 break
         return emitted
 
-    def finish(self, request: Request) -> Generation:
-        """The request's result and telemetry. Its drafters are told it ended (`finish`), here
-        and not in a finalizer: what they publish (the suffix drafter's output, to the shared
-        index) is then there before the caller's next request starts."""
-        for drafter in request.drafters.values():
-            drafter.finish(self._context(request))
-        record = summarise(request.request_id, request.prompt_len, request.steps,
-                           time.perf_counter() - request.started, request.workload,
-                           request.finish_reason or "length", request.method)
-        text = self.models.tokenizer.decode(request.output, skip_special_tokens=True)
-        return Generation(text, list(request.output), record)
+    def _draft_model_rows(self, decisions: Sequence[tuple[Request, str | None, int]]) -> None:
+        """The draft for every row that chose the draft model, in one batched drafting; each
+        row's draft is left where `propose` takes a look-up drafter's (Request.peeked), and
+        each is charged the whole drafting's seconds (every row waited for all of it)."""
+        if self.batch_draft is None:
+            return
+        rows, requests = [], []
+        for request, name, k in decisions:
+            k = self.clamp_k(request, k) if name == "draft-model" else 0
+            if k > 0:
+                rows.append(DraftRow(request.slot, self._context(request), k))
+                requests.append(request)
+        if not rows:
+            return
+        drafts, seconds = self.batch_draft.propose(rows)
+        for request, row, draft in zip(requests, rows, drafts):
+            request.peeked["draft-model"] = (len(request.tokens), row.k, draft, seconds, True)
+
+    def _forward(self, slots: list[int], inputs: list[list[int]], last: int | None = None):
+        """Logits (n, T, V) of the rows' token lists, right-padded, each at its own offset."""
+        return self.cache.forward(self.models.target, self.kwarg, slots, inputs,
+                                  self.models.max_positions, last)
+
+    # -- the driving loop -------------------------------------------------------------------
+    def advance(self, rows: Sequence[tuple[Request, Controller]]) -> list[list[int]]:
+        """One step of the loop over the active rows: each controller decides for all its rows
+        at once (rows may have different controllers, as a server's requests do), one
+        `step_batch`, every row's controller told its step, the controllers' seconds shared
+        among the rows. Returns the tokens appended to each row."""
+        t0 = time.perf_counter()
+        for request, _ in rows:
+            request.step_started = t0  # a controller learns the step's overhead from it
+        groups: dict[int, list[int]] = {}  # controller -> its rows, in row order
+        for i, (_, controller) in enumerate(rows):
+            groups.setdefault(id(controller), []).append(i)
+        choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
+        for indices in groups.values():
+            decided = decide_batch(rows[indices[0]][1], [rows[i][0] for i in indices])
+            for i, choice in zip(indices, decided):
+                choices[i] = choice
+        t1 = time.perf_counter()
+        emitted = self.step_batch([(request, *choice) for (request, _), choice in zip(rows, choices)])
+        t2 = time.perf_counter()
+        for request, controller in rows:
+            controller.update(request.steps[-1], request)
+        # less the drafters' look-ups the controllers made (charged as draft seconds)
+        share = ((t1 - t0) + (time.perf_counter() - t2)
+                 - sum(request.lookup_seconds for request, _ in rows)) / len(rows)
+        for request, _ in rows:
+            request.steps[-1].controller_seconds = share
+        return emitted
 
     def generate(self, prompt: str | list[int], *, drafter: str | None = "ngram", k: int = 4,
                  controller: Controller | None = None, max_new_tokens: int = 64,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  workload: str | None = None,
-                 on_tokens: Callable[[list[int]], None] | None = None,
-                 policy: Controller | None = None) -> Generation:
-        """Generate one completion. A `controller` overrides the static (drafter, k)
-        (`policy=` is its deprecated name)."""
-        controller = controller or policy
+                 on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+        """Generate one completion (a row of its own). A `controller` overrides the static
+        (drafter, k)."""
         if controller is None:
             if drafter is not None:
                 self.check_drafter(drafter, k)
             controller = StaticController(drafter, k)
         sampling = SamplingParams(temperature, top_k, top_p)
         request = self.start(prompt, max_new_tokens, sampling, seed, workload=workload)
-        while not request.done:
-            t0 = request.step_started = time.perf_counter()
-            name, step_k = controller.decide(request)
-            t1 = time.perf_counter()
-            emitted = self.step(request, name, step_k)
-            t2 = time.perf_counter()
-            controller.update(request.steps[-1], request)
-            request.steps[-1].controller_seconds = (t1 - t0) + (time.perf_counter() - t2) \
-                - request.lookup_seconds  # the drafter's look-up, charged as draft seconds
-            if on_tokens:
-                on_tokens(emitted)
+        try:
+            while not request.done:
+                emitted = self.advance([(request, controller)])[0]
+                if on_tokens:
+                    on_tokens(emitted)
+        except BaseException:
+            self.abandon(request)
+            raise
         return self.finish(request)
 
-    def check_drafter(self, drafter: str, k: int) -> None:
-        """Fail before any work on an unknown drafter or k <= 0 (k = 0 means drafter=None)."""
-        from autospec.drafters.base import drafter_class
-        drafter_class(drafter)
-        if k <= 0:
-            raise ValueError(f"k must be >= 1 with drafter '{drafter}', got {k} "
-                             f"(for plain decoding pass drafter=None)")
+    def run(self, jobs: Iterable[Job], controller: Controller | None = None,
+            max_batch: int | None = None,
+            on_tokens: Callable[[Request, list[int]], None] | None = None) -> list[Generation]:
+        """Continuous batching over `jobs`, in order, with up to max_batch rows (default: the
+        cache's). Between steps finished rows leave and the next jobs join their slots.
+        Closed loop: max_batch clients, each submitting its next job when its last one ends,
+        so a request's `started` (hence its wall time and time to first token) is when its
+        client sent it. Returns the generations in job order."""
+        max_batch = self.max_batch if max_batch is None else max_batch
+        if not 1 <= max_batch <= self.max_batch:
+            raise ValueError(f"max_batch must be in 1..{self.max_batch} (the cache's rows), "
+                             f"got {max_batch}")
+        controller = controller or StaticController(None, 0)
+        pending = deque(enumerate(jobs))
+        results: list[Generation | None] = [None] * len(pending)
+        submitted = deque([time.perf_counter()] * max_batch)  # when each client sent its next job
+        active: dict[int, Request] = {}
+        try:
+            while pending or active:
+                while pending and len(active) < max_batch:
+                    i, job = pending.popleft()
+                    request = self.start(job.prompt, job.max_new_tokens, job.sampling, job.seed,
+                                         job.request_id, job.workload)
+                    request.started = submitted.popleft()
+                    active[i] = request
+                rows = list(active.items())
+                emitted = self.advance([(request, controller) for _, request in rows])
+                for (i, request), tokens in zip(rows, emitted):
+                    if on_tokens:
+                        on_tokens(request, tokens)
+                    if request.done:
+                        results[i] = self.finish(active.pop(i))
+                        submitted.append(time.perf_counter())
+        finally:  # a job that cannot start (too long) ends the run: free the rows in flight
+            for request in active.values():
+                self.abandon(request)
+        return results

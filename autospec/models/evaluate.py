@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autospec.models.kv import cache_kwarg, cached_forward, new_cache
+from autospec.models.kv import RowCache, cache_kwarg
 from autospec.models.corpus import SourceFile
 
 COPY_TOKENS = 48
@@ -37,18 +37,20 @@ def heldout_loss(model, tokens: np.ndarray, seq_len: int, windows: int = 32) -> 
 
 @torch.no_grad()
 def decode_seconds_per_token(model, prompt_len: int = 128, steps: int = 48) -> float:
-    """Steady-state seconds for one cached forward of one token (median)."""
+    """Steady-state seconds for one cached forward of one token (median), in a RowCache row
+    as the engine decodes."""
     vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(0))
-    cache, kwarg = new_cache(model), cache_kwarg(model)
-    logits = cached_forward(model, ids, cache, kwarg)
-    token = logits[:, -1:].argmax(-1)
-    times = []
-    for _ in range(steps):
+    ids = torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    limit = prompt_len + steps + 1
+    cache, kwarg = RowCache(model, 1, limit), cache_kwarg(model)
+    feed, times = ids, []
+    for _ in range(steps + 1):
         t0 = time.perf_counter()
-        logits = cached_forward(model, token, cache, kwarg)
-        token = logits[:, -1:].argmax(-1)
+        logits = cache.forward(model, kwarg, [0], [feed], limit, last=1)
+        cache.lengths[0] += len(feed)
+        feed = [int(logits[0, -1].argmax())]
         times.append(time.perf_counter() - t0)
+    times = times[1:]  # the prefill
     return statistics.median(times[steps // 4:])
 
 

@@ -1,15 +1,36 @@
-"""KV-cache plumbing over transformers' Cache API (5.x names it `cache`, 4.x `past_key_values`).
+"""KV caches over transformers' Cache API (5.x names the argument `cache`, 4.x
+`past_key_values`): `RowCache`, the one cache every decode-time forward uses (the engine's
+target, the draft model, the early exit), and `cached_forward`.
 
-Roll-back is a crop: entries past the accepted length are dropped, and the next forward
-overwrites them. DynamicCache.crop(-n) removes the last n tokens in both 4.x and 5.x.
+A KV cache with a length per row (engine/loop.py, the target's; drafters/draft_model.py, a
+draft model's or an early exit's).
+
+Rows have their own cache lengths, which transformers' DynamicCache cannot hold (its crop cuts
+every row to one length), hence `RowCache`: per layer a preallocated (B_max, kv_heads, L_max, head_dim) K and V, a length per
+slot, and roll-back = setting a length, as gpt-fast does (rejected entries are overwritten by
+the next forward). A forward writes each row's real tokens at that row's own offset; row i's
+query t sits at position length_i + t and sees cache positions <= that — its own valid prefix
+and its own causal part, never another row's entries nor its padding. The mask is passed to the
+model as a 4-D additive float mask (0 = attend, dtype min = not): transformers 5.x's
+create_causal_mask returns a 4-D mask as it is (masking_utils._preprocess_mask_arguments), and
+an additive mask is right for both the sdpa and the eager attention (eager adds it; a boolean
+one would be added as 0/1). The store grows by doubling (`capacity`, up to max_len) as rows
+reach further, so an engine or a per-request drafter allocates what its rows hold, not the
+model's whole position limit (SmolLM2: 8192 positions, 0.38 GB a row in float32). K and V are returned only up to the longest position any row of
+the forward reads (`span`), not the full L_max: attention over unused slots costs as much as
+over used ones, and on a CPU it is not free.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from autospec.models.pair import kv_shape
 
 
 def cache_kwarg(model) -> str:
@@ -23,22 +44,172 @@ def keeps_logits(model_class) -> bool:
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
-def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
-
-
-def cached_forward(model, input_ids: torch.Tensor, cache: DynamicCache, kwarg: str,
+def cached_forward(model, input_ids: torch.Tensor, cache: Cache, kwarg: str,
                    last: int | None = None, **inputs: torch.Tensor) -> torch.Tensor:
     """Logits (B, n, V) for input_ids (B, n) appended after what the cache holds; with `last`,
     only the last `last` positions are scored (a prefill needs none or one: the LM head over a
     whole prompt costs as much as several decode steps). `inputs`: position_ids and a 4-D
-    attention_mask where rows sit at their own offsets (engine/batch.py)."""
+    attention_mask where rows sit at their own offsets (RowCache.bind)."""
     extra = {"logits_to_keep": last} if last is not None and keeps_logits(type(model)) else {}
     return model(input_ids=input_ids, use_cache=True, **{kwarg: cache}, **extra, **inputs).logits
 
 
-def rollback(cache: DynamicCache, length: int) -> None:
-    """Keep the first `length` positions of every layer."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
+# Positions per slot allocated at first; doubled as rows reach further (a handful of copies
+# over a request's life, each of what the cache then holds).
+INITIAL_CAPACITY = 256
+
+
+@dataclass
+class Bound:
+    """Where the rows of the forward in progress sit in the cache (n rows, T tokens each)."""
+    slots: torch.Tensor  # (n,) the rows' slots
+    # the rows' first slot when they are consecutive slots in order (s, s+1, ...): then the
+    # forward reads a view of the store; else (None) it gathers the rows, a copy of every
+    # layer's K and V up to the span (at 16 rows it tripled a step: engine/loop.py feeds
+    # its rows in slot order)
+    first: int | None
+    write_slot: torch.Tensor  # (N,) slot of each real (non-padding) input token
+    write_pos: torch.Tensor  # (N,) its cache position
+    valid: torch.Tensor  # (n, T) bool, a real token and not padding
+    span: int  # cache positions read: max over rows of length_i + tokens_i
+
+    def read(self, store: torch.Tensor) -> torch.Tensor:
+        """(B_max, H, L_max, D) -> the forward's rows, (n, H, span, D)."""
+        if self.first is not None:
+            return store[self.first:self.first + len(self.slots), :, :self.span]
+        return store[self.slots, :, :self.span]
+
+
+class RowLayer(CacheLayerMixin):
+    """One decoder layer's K and V for every slot: (B_max, kv_heads, L_max, head_dim)."""
+    is_sliding = False
+
+    def __init__(self, owner: "RowCache", shape: tuple[int, ...], dtype: torch.dtype,
+                 device: torch.device):
+        super().__init__()
+        self.owner = owner
+        # zeros, not empty: a masked position's V still enters softmax(.) @ V as 0 * V
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.is_initialized = True
+
+    def grow(self, capacity: int) -> None:
+        """Room for `capacity` positions per slot, the cached ones copied."""
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros((*old.shape[:2], capacity, old.shape[3]))
+            new[:, :, :old.shape[2]] = old
+            setattr(self, name, new)
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        pass  # preallocated
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """key_states (n, H, T, D): write each row's real tokens at its own offset; return the
+        rows' K and V up to the span, (n, H, span, D)."""
+        bound = self.owner.bound
+        self.keys[bound.write_slot, :, bound.write_pos] = key_states.transpose(1, 2)[bound.valid]
+        self.values[bound.write_slot, :, bound.write_pos] = value_states.transpose(1, 2)[bound.valid]
+        return bound.read(self.keys), bound.read(self.values)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.bound.span, 0
+
+    def get_seq_length(self) -> int:
+        return max(self.owner.lengths)
+
+    def get_max_length(self) -> int:
+        return self.owner.max_len
+
+
+class RowCache(Cache):
+    """A KV cache of `max_batch` slots with a length each; a request holds one slot."""
+
+    def __init__(self, model, max_batch: int, max_len: int):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_len < 2:
+            raise ValueError(f"max_len must be >= 2, got {max_len}")
+        layers, kv_heads, head_dim = kv_shape(model)
+        param = next(model.parameters())
+        self.capacity = min(max_len, INITIAL_CAPACITY)
+        shape = (max_batch, kv_heads, self.capacity, head_dim)
+        super().__init__(layers=[RowLayer(self, shape, param.dtype, param.device)
+                                 for _ in range(layers)])
+        self.max_batch, self.max_len = max_batch, max_len
+        self.device, self.dtype = param.device, param.dtype
+        self.lengths = [0] * max_batch  # tokens cached per slot
+        self.free = list(range(max_batch))  # free slots, lowest first
+        self.bound: Bound | None = None
+
+    def claim(self) -> int:
+        """The lowest free slot, emptied."""
+        if not self.free:
+            raise ValueError(f"the batch is full: all {self.max_batch} rows (max_batch) are in use")
+        slot = self.free.pop(0)
+        self.lengths[slot] = 0
+        return slot
+
+    def release(self, slot: int) -> None:
+        if slot in self.free:
+            raise ValueError(f"slot {slot} is not in use")
+        self.lengths[slot] = 0
+        self.free.append(slot)
+        self.free.sort()
+
+    def bind(self, slots: Sequence[int], n_tokens: Sequence[int],
+             position_limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Set up a forward of rows `slots` feeding n_tokens[i] real tokens each (padded to T).
+        Returns position_ids (n, T) and the additive mask (n, 1, T, span)."""
+        lengths = torch.tensor([self.lengths[s] for s in slots])
+        counts = torch.tensor(list(n_tokens))
+        offsets = torch.arange(int(counts.max()))
+        valid = offsets[None, :] < counts[:, None]  # (n, T)
+        positions = lengths[:, None] + offsets[None, :]  # (n, T)
+        span = int((lengths + counts).max())
+        if span > self.max_len:
+            raise ValueError(f"a row would reach position {span}; rows hold {self.max_len} (max_len)")
+        if span > self.capacity:
+            self.capacity = min(self.max_len, max(span, 2 * self.capacity))
+            for layer in self.layers:
+                layer.grow(self.capacity)
+        slot_ids = torch.tensor(list(slots))
+        first = slots[0] if list(slots) == list(range(slots[0], slots[0] + len(slots))) else None
+        self.bound = Bound(slot_ids.to(self.device), first,
+                           slot_ids[:, None].expand_as(valid)[valid].to(self.device),
+                           positions[valid].to(self.device), valid.to(self.device), span)
+        # row i's query t (position length_i + t) sees cache positions 0 .. length_i + t
+        allowed = torch.arange(span)[None, None, :] <= positions[:, :, None]  # (n, T, span)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        # padding may run past the model's positions (learned embeddings): its output is unused
+        position_ids = positions.clamp(max=position_limit - 1)
+        return position_ids.to(self.device), mask[:, None].to(self.device)
+
+    def forward(self, model, kwarg: str, slots: Sequence[int], inputs: Sequence[list[int]],
+                position_limit: int, last: int | None = None, **extra) -> torch.Tensor:
+        """Logits (n, T, V) of the rows' token lists, right-padded, each written at its row's
+        own offset; rows fed in slot order read the store as a view. The rows' lengths are the caller's to advance (a verify keeps only the
+        accepted part). `last` and `extra` (logits_to_keep) as cached_forward takes them."""
+        first, n = slots[0], len(slots)
+        if sorted(slots) == list(slots) and slots[-1] - first + 1 != n:
+            # rows in slot order with free slots between them (a row left, no request took its
+            # slot): a filler row for each gap — one token into the free slot, its logits
+            # dropped — so the forward still reads a view of the store rather than gathering
+            # every layer's K and V (at 14 of 16 rows the gather took a step from ~30 to
+            # ~70 ms; the filler costs what a row does). The filler's write is overwritten
+            # when a request next claims the slot.
+            given = dict(zip(slots, inputs))
+            full = list(range(first, slots[-1] + 1))
+            logits = self.forward(model, kwarg, full, [given.get(s, [0]) for s in full],
+                                  position_limit, last, **extra)
+            return logits[[s - first for s in slots]]
+        width = max(map(len, inputs))
+        input_ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in inputs],
+                                 device=self.device)
+        position_ids, mask = self.bind(slots, [len(ids) for ids in inputs], position_limit)
+        try:
+            return cached_forward(model, input_ids, self, kwarg, last, position_ids=position_ids,
+                                  attention_mask=mask, **extra)
+        finally:
+            self.bound = None

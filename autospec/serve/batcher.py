@@ -5,7 +5,7 @@ two futures: `started` (the request holds a row, or could not get one: too long 
 `done` (its Generation). Between two batched steps the thread runs the calls queued for it
 (`call`: chat rendering, parameter updates — the tokenizer and the controllers are its alone,
 so they need no lock), admits waiting requests into free rows, and then advances every active
-row in one target forward (`BatchEngine.advance`, the step `BatchEngine.run` takes too).
+row in one target forward (`Engine.advance`, the step `Engine.run` takes too).
 
 Admission is bounded twice: at most `max_batch` rows decode (the RowCache's slots) and at most
 `max_queue` requests wait for one. A request past both is refused at once (`QueueFull`, an
@@ -25,8 +25,8 @@ from typing import Callable
 
 import torch
 
-from autospec.engine.batch import BatchEngine
-from autospec.engine.loop import Controller, Request
+from autospec.engine.loop import Engine
+from autospec.engine.request import Controller, Request
 
 OnTokens = Callable[[list[int], bool], None]  # (tokens appended by a step, the request ended)
 
@@ -53,10 +53,10 @@ class Row:
 class Ticket:
     """An accepted request, waiting or decoding. `start` runs on the decode thread when a row
     is free and returns the Row (or raises: the request then fails, `started` says why)."""
-    start: Callable[[BatchEngine], Row]
+    start: Callable[[Engine], Row]
     started: Future = field(default_factory=Future)  # -> None, once it holds a row
     done: Future = field(default_factory=Future)  # -> Generation
-    # when it was accepted: the request's start, as BatchEngine.run counts a client's (its
+    # when it was accepted: the request's start, as Engine.run counts a client's (its
     # wall time and time to first token include the wait for a row)
     accepted: float = field(default_factory=time.perf_counter)
 
@@ -64,7 +64,7 @@ class Ticket:
 class DecodeLoop:
     """The decode thread owning `engine` (see the module docstring)."""
 
-    def __init__(self, engine: BatchEngine, max_queue: int, own_thread: bool = True):
+    def __init__(self, engine: Engine, max_queue: int, own_thread: bool = True):
         """own_thread: decode on a thread of its own (in-process use, tests); False: the
         caller runs `run_here()` — `autospec serve` decodes on the main thread, where torch's
         OpenMP regions run at full speed (see `_loop`)."""
@@ -87,7 +87,7 @@ class DecodeLoop:
         self._loop()
 
     # -- any thread ------------------------------------------------------------------------
-    def submit(self, start: Callable[[BatchEngine], Row]) -> Ticket:
+    def submit(self, start: Callable[[Engine], Row]) -> Ticket:
         """Queue a request for a row; QueueFull when max_queue already wait."""
         ticket = Ticket(start)
         with self._wake:

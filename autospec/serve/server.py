@@ -40,11 +40,11 @@ from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.factory import make_controller
 from autospec.daemon.service import stop_on_signals
 from autospec.drafters.suffix import SuffixOptions, export_handoffs, shared_index
-from autospec.engine.batch import BatchEngine
-from autospec.engine.loop import Engine, Generation
-from autospec.engine.sampling import SamplingParams
+from autospec.engine.loop import Engine
+from autospec.engine.request import Generation
 from autospec.engine.textstream import TextStream
 from autospec.models.chat import ChatError, encode_chat
+from autospec.models.sampling import SamplingParams
 from autospec.policy import parameters_from_dict
 from autospec.serve import openai
 from autospec.serve.batcher import DecodeLoop, QueueFull, Row
@@ -94,7 +94,7 @@ class Server:
         self.daemon = daemon
         self.params_interval = params_interval
         max_batch = default_max_batch() if max_batch is None else max_batch
-        self.batch = BatchEngine(engine.models, max_batch, drafter_options=engine.drafter_options)
+        self.batch = Engine(engine.models, engine.drafter_options, max_batch=max_batch)
         self.max_tokens_limit = max_tokens_limit or self.batch.max_positions
         # decode_thread=False: the caller decodes (`self.decode.run_here()`, on the main thread)
         self.decode = DecodeLoop(self.batch, QUEUE_PER_ROW * max_batch if max_queue is None
@@ -158,7 +158,7 @@ class Server:
             raise openai.InvalidRequest(f"autospec.method: drafter {method.drafter!r} is not "
                                         f"available here (have: {', '.join(self.available)})")
 
-    def admit(self, req: openai.Completion, on_text, engine: BatchEngine) -> Row:
+    def admit(self, req: openai.Completion, on_text, engine: Engine) -> Row:
         """Start `req` in a free row of `engine` (on the decode thread, when one is free):
         its controller, its tenant's drafter options, its text stream."""
         controller = (self.controller(req.workload) if req.method.kind == "adaptive"

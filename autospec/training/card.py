@@ -59,7 +59,7 @@ smollm2`), self-distilled from the fetched target. Apache-2.0, like the target.
 | cost ratio c | {card['cost_ratio_c']:.3f} |
 
 Held-out agreement during training (step: top-1): {curve}.
-Acceptance in the engine, per category: README's SmolLM2 section (`autospec bench`).
+Acceptance in the engine, per category: docs/benchmarks.md's SmolLM2 section (`autospec bench`).
 """)
     return card
 

@@ -17,8 +17,7 @@ def trial_values(trial: optuna.trial.FrozenTrial) -> dict:
     """The trial's policy fields, decoded (lists travel as 'a,b' strings in Optuna)."""
     values = dict(trial.user_attrs.get("fixed", {}))
     for name, value in trial.params.items():
-        if not name.startswith("tiling."):
-            values[name] = decode_value(name, value)
+        values[name] = decode_value(name, value)
     return values
 
 
@@ -36,10 +35,6 @@ def policy_text(study: optuna.Study, trial: optuna.trial.FrozenTrial,
               f"(policy hash {policy.policy_hash[:12]}).",
               f"# Scored on: {', '.join(attrs.get('workloads', [])) or 'unknown'} "
               f"(sha256 {attrs.get('workload_hash', '?')})."]
-    tiling = {k: v for k, v in trial.params.items() if k.startswith("tiling.")}
-    if tiling:  # policy schema 1 has no tiling field: kept as a note for the kernel defaults
-        header.append("# Kernel tiling chosen (not a policy field): "
-                      + ", ".join(f"{k[7:]}={v}" for k, v in sorted(tiling.items())))
     text = "\n".join(header) + "\n" + policy.to_yaml()
     parse_policy(text, "<export>")  # what validate will say, before anything is written
     return text

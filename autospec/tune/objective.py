@@ -6,9 +6,6 @@ requests, so the study can report the running objective and prune a poor trial e
   costs. Deterministic and fast (a fraction of a second per trial): the default.
 - LiveObjective: a real engine over a workload's prompts, wall-clock seconds. Noisy and
   minutes per trial; for checking a replay-tuned policy on the machine itself.
-Where a GPU is present and the space names kernels, each trial also picks their tiling; the
-measured seconds of the greedy verification kernel under that tiling are charged to every
-step (a trace's verify seconds are the target forward alone).
 """
 from __future__ import annotations
 
@@ -58,7 +55,7 @@ class ReplayObjective:
     def workload_hash(self) -> str:
         return hashlib.sha256(",".join(sorted(self.hashes.values())).encode()).hexdigest()[:16]
 
-    def run(self, params: ControllerSettings, step_seconds: float = 0.0) -> Iterator[tuple[int, float]]:
+    def run(self, params: ControllerSettings) -> Iterator[tuple[int, float]]:
         """Running (tokens, seconds) after each chunk of requests, over every trace in turn.
         One controller for all of them, as one engine would serve them."""
         missing = [d for d in params.drafters if d not in self.available]
@@ -70,7 +67,7 @@ class ReplayObjective:
             for i in range(0, len(requests), self.chunk):
                 for r in replay(trace, ctl, requests[i:i + self.chunk]):
                     tokens += r.output_tokens
-                    seconds += r.wall_seconds + step_seconds * r.steps
+                    seconds += r.wall_seconds
                 yield tokens, seconds
 
 
@@ -99,7 +96,7 @@ class LiveObjective:
             self.engine.generate(self.ids[0], drafter=drafter, k=2 if drafter else 0,
                                  max_new_tokens=8)
 
-    def run(self, params: ControllerSettings, step_seconds: float = 0.0) -> Iterator[tuple[int, float]]:
+    def run(self, params: ControllerSettings) -> Iterator[tuple[int, float]]:
         ctl = build_controller(params, tuple(d for d in params.drafters if d in self.available),
                                self.seed)
         tokens, seconds = 0, 0.0
@@ -108,45 +105,13 @@ class LiveObjective:
                 t0 = time.perf_counter()
                 out = self.engine.generate(ids, controller=ctl, workload=p.category,
                                            max_new_tokens=p.max_new_tokens or self.max_new_tokens)
-                seconds += time.perf_counter() - t0 + step_seconds * out.telemetry.steps
+                seconds += time.perf_counter() - t0
                 tokens += len(out.token_ids)
             yield tokens, seconds
 
 
-# -- kernel tiling (GPU only) ----------------------------------------------------------------
-def tiling_skip_reason() -> str | None:
-    """None where tiling can be tuned; else why not (one line for the user)."""
-    import torch
-    if not torch.cuda.is_available():
-        return ("kernel tiling skipped: no CUDA GPU here; on a CPU the kernels run their "
-                "pure-torch references, which have no tiling to tune")
-    return None
-
-
-def verify_kernel_seconds(tiling: dict[str, int], k: int, vocab: int, repeats: int = 50) -> float:
-    """Median seconds of one greedy verification (batch 1, K draft tokens, vocab V) on CUDA."""
-    import torch
-    from autospec.kernels import greedy_verify_triton
-    device = torch.device("cuda")
-    draft_tokens = torch.zeros(1, k, dtype=torch.int64, device=device)
-    num_draft = torch.full((1,), k, dtype=torch.int64, device=device)
-    logits = torch.randn(1, k + 1, vocab, device=device)
-    greedy_verify_triton(draft_tokens, num_draft, logits, **tiling)  # compile
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        greedy_verify_triton(draft_tokens, num_draft, logits, **tiling)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1000)
-    return sorted(times)[len(times) // 2]
-
-
 # -- one trial -------------------------------------------------------------------------------
-def trial_function(space, source, n_trials: int, provenance: dict, discrete: bool = False,
-                   tiling: bool = False, vocab: int = 0):
+def trial_function(space, source, n_trials: int, provenance: dict, discrete: bool = False):
     """The Optuna objective: suggest, score chunk by chunk (reporting, pruning), return tok/s."""
     import optuna
 
@@ -160,16 +125,9 @@ def trial_function(space, source, n_trials: int, provenance: dict, discrete: boo
         trial.set_user_attr("fixed", {p.name: values[p.name] for p in space.params if p.fixed})
         for key, value in {**provenance, "policy_hash": policy_for(params).policy_hash[:16]}.items():
             trial.set_user_attr(key, value)
-        step_seconds = 0.0
-        if tiling:
-            from autospec.kernels import TILING_SPACES
-            knobs = {knob: trial.suggest_categorical(f"tiling.greedy_verify.{knob}", choices)
-                     for knob, choices in TILING_SPACES["greedy_verify"].items()}
-            step_seconds = verify_kernel_seconds(knobs, min(params.k_max, source.k_limit), vocab)
-            trial.set_user_attr("verify_kernel_seconds", step_seconds)
         t0 = time.perf_counter()
         rate = 0.0
-        for step, (tokens, seconds) in enumerate(source.run(params, step_seconds)):
+        for step, (tokens, seconds) in enumerate(source.run(params)):
             rate = tokens / seconds if seconds > 0 else 0.0
             trial.report(rate, step)
             if trial.should_prune():

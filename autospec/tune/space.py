@@ -10,7 +10,6 @@
       thompson: {choices: [true, false]}
       ngram_n: {choices: [[1, 4], [2, 4]]}
     priors: {ngram: {low: 0.2, high: 0.95}}                 # acceptance_mean per drafter
-    tiling: {kernels: [greedy_verify]}                      # GPU only (autospec.kernels)
 
 A field is a range (`low`, `high`, optional `log`, `step`), a list of `choices`, or a plain
 value (fixed: written into every trial, not searched). `grid` lists the values an exhaustive
@@ -93,7 +92,6 @@ class Param:
 @dataclass(frozen=True)
 class SearchSpace:
     params: tuple[Param, ...]
-    tiling_kernels: tuple[str, ...] = ()
     path: str | None = None
 
     def searched(self) -> tuple[Param, ...]:
@@ -173,7 +171,7 @@ def load_space(path: str | Path) -> SearchSpace:
 def _space(raw: Any, path: str) -> SearchSpace:
     fields = searchable()
     top = [n for n, k in fields.items() if k.section == ""]
-    raw = cc.mapping("", raw, ("schema_version", *top, "controller", "priors", "tiling"))
+    raw = cc.mapping("", raw, ("schema_version", *top, "controller", "priors"))
     cc.schema_version(raw, SCHEMA_VERSION)
     params = [_param(name, fields[name], raw[name]) for name in top if name in raw]
     controller = cc.mapping("controller", raw.get("controller") or {},
@@ -181,17 +179,10 @@ def _space(raw: Any, path: str) -> SearchSpace:
     params += [_param(f"controller.{n}", fields[f"controller.{n}"], v) for n, v in controller.items()]
     priors = cc.mapping("priors", raw.get("priors") or {}, known_drafters())
     params += [_param(f"priors.{d}", fields["priors"], v) for d, v in priors.items()]
-    tiling = cc.mapping("tiling", raw.get("tiling") or {}, ("kernels",))
-    kernels = tuple(tiling.get("kernels") or ())
-    from autospec.kernels import TILING_SPACES  # noqa: PLC0415 (imports triton: only when loading)
-    for i, name in enumerate(kernels):
-        if name not in TILING_SPACES:
-            raise ConfigError(f"tiling.kernels[{i}]",
-                              f"unknown kernel {name!r} (known: {', '.join(TILING_SPACES)})")
     if not params:
         raise ConfigError("top level", f"no field to search (expected any of "
                                        f"{', '.join(top)}, controller, priors)")
-    return SearchSpace(tuple(params), kernels, path)
+    return SearchSpace(tuple(params), path)
 
 
 def _param(name: str, knob: Knob, raw: Any) -> Param:

@@ -35,7 +35,7 @@ def test_generate_json_telemetry(pair_args):
     (["--prompt", "x", "--k", "0"], "k must be >= 1, got 0"),
     (["--prompt", "x", "--k", "-3"], "k must be >= 1, got -3"),
     (["--prompt", "x", "--temperature", "-1"], "temperature must be >= 0, got -1.0"),
-    (["--prompt", "x " * 3000], "the target's limit is 2048 positions"),
+    (["--prompt", "x " * 3000], "a row holds 2048 positions (max_len)"),
 ])
 def test_generate_bad_input(pair_args, args, message):
     result = run("generate", *args, *pair_args)

@@ -64,7 +64,61 @@ def test_controller_settings_reject_unknown_drafters():
         ControllerSettings(drafters=("ngarm",))
 
 
-def test_adaptive_falls_back_to_plain_with_a_useless_drafter(tiny_pair):
+class FakeClock:
+    """A perf_counter that stands still until a test spends time on it: each second the engine
+    or the controller measures is one the test chose, not one the machine took."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def spend(self, seconds: float) -> None:
+        self.now += seconds
+
+
+DRAFT_S, VERIFY_S = 0.02, 0.05  # what the fake clock charges a proposal and a target forward
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The engine's and the adaptive controller's clock, made a FakeClock; a drafter's proposal
+    costs DRAFT_S on it and a target forward (prefill, verify) VERIFY_S, and nothing else
+    costs anything. (Request.started keeps the real clock: wall_seconds is not looked at.)"""
+    from autospec.controller import adaptive
+    from autospec.engine import loop
+
+    fake = FakeClock()
+    monkeypatch.setattr(loop, "time", fake)
+    monkeypatch.setattr(adaptive, "time", fake)
+    forward = loop.Engine._forward  # the target's forward: prefill and verify
+
+    def costly_forward(*args, **kwargs):
+        fake.spend(VERIFY_S)
+        return forward(*args, **kwargs)
+
+    create = loop.create_drafter
+
+    def costly_drafter(*args, **kwargs):
+        drafter = create(*args, **kwargs)
+        propose = drafter.propose
+
+        def costly_propose(*a, **kw):
+            fake.spend(DRAFT_S)
+            return propose(*a, **kw)
+
+        drafter.propose = costly_propose
+        return drafter
+
+    monkeypatch.setattr(loop.Engine, "_forward", costly_forward)
+    monkeypatch.setattr(loop, "create_drafter", costly_drafter)
+    return fake
+
+
+def test_adaptive_falls_back_to_plain_with_a_useless_drafter(tiny_pair, clock):
+    """On the fake clock (a forward costs the same for any K, a draft costs more than nothing)
+    the decisions do not depend on how fast this machine runs the tiny pair."""
     from autospec.engine.loop import Engine
     engine = Engine(tiny_pair, drafter_options={"synthetic": {"alpha": 0.0}})
     ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",), counterfactual=False))
@@ -82,26 +136,36 @@ def test_adaptive_output_is_identical_to_plain(tiny_engine):
         assert out.token_ids == plain.token_ids
 
 
-def test_controller_seconds_are_the_time_in_decide_and_update(tiny_engine):
-    """The engine times the controller's decide + update per step (not draft or verify)."""
-    import time
-
-    from autospec.engine.loop import StaticController
+def test_controller_seconds_are_the_time_in_decide_and_update(tiny_pair, clock):
+    """The engine times the controller's decide + update per step (not draft or verify): on the
+    fake clock a decide costs 2 ms, an update 1 ms, a draft DRAFT_S and a verify VERIFY_S, so
+    each step's controller seconds are exactly 3 ms, and 0 with a controller that costs nothing."""
+    from autospec.engine.loop import Engine
+    from autospec.engine.request import StaticController
 
     class Slow(StaticController):
         def decide(self, request):
-            time.sleep(0.002)
+            clock.spend(0.002)
             return super().decide(request)
 
         def update(self, record, request):
-            time.sleep(0.001)
+            clock.spend(0.001)
 
-    out = tiny_engine.generate("x = 1\n", controller=Slow("ngram", 2), max_new_tokens=6)
-    steps = out.telemetry.step_records
-    assert all(s.controller_seconds >= 0.003 for s in steps)
-    fast = tiny_engine.generate("x = 1\n", drafter="ngram", k=2, max_new_tokens=6)
-    assert np.median([s.controller_seconds for s in fast.telemetry.step_records]) < 0.003
-    assert out.telemetry.controller_seconds == pytest.approx(sum(s.controller_seconds for s in steps))
+    engine = Engine(tiny_pair)
+    out = engine.generate("x = 1\n", controller=Slow("ngram", 2), max_new_tokens=6)
+    fast = engine.generate("x = 1\n", drafter="ngram", k=2, max_new_tokens=6)
+    for gen, controller_s in ((out, 0.003), (fast, 0.0)):
+        steps = gen.telemetry.step_records
+        assert len(steps) >= 2
+        # the draft and verify seconds were spent inside the step: they are not the controller's
+        assert [s.verify_seconds for s in steps] == pytest.approx([VERIFY_S] * len(steps))
+        assert [s.draft_seconds for s in steps] == pytest.approx(
+            [DRAFT_S if s.k else 0.0 for s in steps])
+        assert any(s.k for s in steps)
+        assert [s.controller_seconds for s in steps] == pytest.approx([controller_s] * len(steps),
+                                                                        abs=1e-12)
+        assert gen.telemetry.controller_seconds == pytest.approx(len(steps) * controller_s,
+                                                                 abs=1e-12)
 
 
 def test_decide_step_on_arrays():
@@ -128,7 +192,7 @@ def test_decide_step_on_arrays():
 
 def test_ngram_is_drafted_only_as_far_as_its_proposal_reaches():
     """The n-gram proposal is known before deciding: no match -> not n-gram; else K <= its length."""
-    from autospec.controller.trace import SimRequest
+    from autospec.bench.trace import SimRequest
     ctl = AdaptiveController(ControllerSettings(drafters=("ngram",), thompson=False,
                                                 prior_means={"ngram": 0.95}))
     ctl.costs.observe_verify(1, 0.01)

@@ -8,7 +8,8 @@ import pytest
 from autospec.bench.trace import SimRequest
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.batch import BatchCost, goodput_ks, rows_ks
-from autospec.engine.batch import BatchEngine, Job
+from autospec.engine.loop import Engine
+from autospec.engine.request import Job
 from autospec.telemetry import StepRecord
 
 
@@ -99,7 +100,7 @@ def test_the_controller_stops_speculating_when_the_batch_cost_says_so():
 def test_a_batch_under_the_adaptive_controller_is_lossless(reference_pair):
     prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "import os\nimport sys\n",
                "The cat sat on the mat. The cat sat on", "x = [1, 2, 3]\ny = [1, 2, 3]\n"]
-    engine = BatchEngine(reference_pair, max_batch=4, max_len=256)
+    engine = Engine(reference_pair, max_batch=4, max_len=256)
     plain = [engine.generate(p, drafter=None, max_new_tokens=24).token_ids for p in prompts]
     controller = AdaptiveController(ControllerSettings())
     for _ in range(2):  # the second run decides with a measured batch cost

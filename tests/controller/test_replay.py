@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from autospec.bench.harness import Prompt
+from autospec.bench.trace import Trace, TraceRequest, record, replay
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.formulas import speedup
-from autospec.controller.trace import Trace, TraceRequest, record, replay
-from autospec.engine.loop import StaticController
+from autospec.engine.request import StaticController
 from conftest import REPO_ROOT
 
 PROMPTS = [Prompt("a", "def f(x):\n    return x\n" * 3, "copy"),
@@ -94,7 +94,7 @@ def test_malformed_trace_is_refused(tmp_path):
 def test_warm_start_reaches_steady_state_sooner():
     """A controller started from a Learner's snapshot (a daemon restart, a new serving
     process) decodes like a seasoned one from its first steps; a cold one needs a few."""
-    from autospec.controller.learned import warm_vs_cold
+    from autospec.bench.warm_start import warm_vs_cold
     figures = warm_vs_cold(geometric_trace(0.8, 0.1, n=600), window=16, seeds=8)
     assert figures["warm_steps_to_steady"] == 0
     assert figures["cold_steps_to_steady"] > 0
@@ -104,7 +104,7 @@ def test_warm_start_reaches_steady_state_sooner():
 def test_unlabelled_and_pooled_are_two_keys():
     """An unlabelled request informs only the Learner's pooled estimate; a controller
     warm-started from it keys that estimate as its unlabelled workload's prior."""
-    from autospec.controller.learned import Learner
+    from autospec.daemon.learner import Learner
     from autospec.telemetry import POOLED, UNLABELLED
     assert POOLED != UNLABELLED
     trace = geometric_trace(0.7, 0.1, n=200)
@@ -125,7 +125,7 @@ def test_unlabelled_and_pooled_are_two_keys():
 
 
 def test_learner_round_trips_through_store_estimates():
-    from autospec.controller.learned import Learner
+    from autospec.daemon.learner import Learner
     trace = geometric_trace(0.7, 0.1, n=300)
     records = replay(trace, AdaptiveController(ControllerSettings(drafters=("synthetic",))))
     learner = Learner(k_max=8)
@@ -159,8 +159,9 @@ def _decisions_digest(records) -> str:
 
 
 def _replay_digests() -> dict[str, str]:
-    from autospec.controller.learned import Learner
-    from autospec.controller.policies import make_policy
+    from autospec.controller.factory import make_controller
+    from autospec.daemon.learner import Learner
+    from autospec.method import parse_method
     from autospec.tune.controller import build_controller, parameters_for
     out = {}
     for path in SHIPPED_TRACES:
@@ -172,13 +173,13 @@ def _replay_digests() -> dict[str, str]:
             else:
                 method_path = method
             out[f"{path.name} {method}"] = _decisions_digest(
-                replay(trace, make_policy(method_path, drafters)))
+                replay(trace, make_controller(parse_method(method_path), drafters)))
         tuned = build_controller(parameters_for(TUNED_VALUES), drafters, seed=3)
         out[f"{path.name} tuned"] = _decisions_digest(replay(trace, tuned))
         learner = Learner(k_max=trace.k_max)
-        for r in replay(trace, make_policy("adaptive", drafters)):
+        for r in replay(trace, make_controller(parse_method("adaptive"), drafters)):
             learner.observe(r)
-        warm = make_policy("adaptive", drafters)
+        warm = make_controller(parse_method("adaptive"), drafters)
         warm.warm_start(learner.snapshot())
         out[f"{path.name} warm"] = _decisions_digest(replay(trace, warm))
     return out

@@ -13,8 +13,8 @@ from autospec.drafters.base import DraftContext, Verified, create_drafter
 from autospec.drafters.suffix import SharedSuffixIndex, SuffixDraft, shared_index
 from autospec.drafters.suffix_index import SuffixIndex, suffix_propose
 from autospec.engine.loop import Engine
-from autospec.engine.sampling import SamplingParams
 from autospec.models.pair import ModelPair
+from autospec.models.sampling import SamplingParams
 from conftest import KS, REPO_ROOT, IdTokenizer, counting_llama, plain_and_speculative
 
 AGENTIC = REPO_ROOT / "configs" / "workloads" / "agentic.jsonl"

@@ -63,16 +63,23 @@ def test_rejection_never_recovers_the_rejected_point_mass_token():
         assert accepted == 0 and nxt in (0, 1)
 
 
-def test_fused_greedy_accept_equals_greedy_accept():
-    """The engine's CUDA path (autospec.kernels.greedy_verify) decides exactly as the pure
-    function; on this CPU it runs the kernel's torch reference."""
-    from autospec.engine.accept import fused_greedy_accept
+def test_greedy_accept_rows_equals_greedy_accept_per_row():
+    """The step's batched acceptance (ragged drafts, right-padded logits) decides exactly as the
+    pure function row by row: the CPU path, and the kernel path (autospec.kernels.greedy_verify,
+    on this CPU the kernel's torch reference; on CUDA the Triton kernel)."""
+    from autospec.engine.accept import greedy_accept_rows, verify_rows
     gen = torch.Generator().manual_seed(0)
-    for k in range(0, 6):
-        for _ in range(20):
-            logits = torch.randn(k + 1, 37, generator=gen)
-            target = logits.argmax(-1).tolist()
+    for _ in range(30):
+        ks = torch.randint(0, 6, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen).tolist()
+        logits = torch.randn(len(ks), max(ks) + 1, 37, generator=gen)
+        drafts = []
+        for i, k in enumerate(ks):
+            target = logits[i, :k + 1].argmax(-1).tolist()
             # drafts that agree for a random prefix, then differ
             agree = int(torch.randint(0, k + 1, (1,), generator=gen))
-            draft = target[:agree] + [(t + 1) % 37 for t in target[agree:k]]
-            assert fused_greedy_accept(draft, logits) == greedy_accept(draft, logits)
+            drafts.append(target[:agree] + [(t + 1) % 37 for t in target[agree:k]])
+        want = [greedy_accept(d, logits[i, :len(d) + 1]) for i, d in enumerate(drafts)]
+        assert greedy_accept_rows(drafts, logits) == want
+        assert verify_rows(drafts, logits) == want
+        if torch.cuda.is_available():
+            assert greedy_accept_rows(drafts, logits.cuda()) == want

@@ -1,4 +1,4 @@
-"""The batched step (engine/batch.py): lossless under batching, rows join and leave, sampling
+"""The batched step (Engine.step_batch): lossless under batching, rows join and leave, sampling
 exact per request in a mixed batch, and bad input.
 
 Batch composition changes float32 rounding, so an argmax may flip at a true near-tie. The
@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from autospec.engine.batch import BatchEngine, Job
-from autospec.engine.loop import Engine, StaticController
-from autospec.engine.sampling import SamplingParams
+from autospec.engine.loop import Engine
+
+from autospec.engine.request import Job
+from autospec.engine.request import StaticController
+from autospec.models.sampling import SamplingParams
 from autospec.models.pair import ModelPair
 from autospec.telemetry import StepRecord
 from conftest import REPO_ROOT, IdTokenizer, random_llama
@@ -77,7 +79,7 @@ def test_mixed_batch_is_identical_to_plain_on_the_workload(reference_pair):
     6 rows at a time (so rows join and leave mid-run): no divergence at all."""
     prompts = [json.loads(line)["prompt"] for line in WORKLOAD.read_text().splitlines()]
     plain = plain_outputs(reference_pair, prompts, 24)
-    engine = BatchEngine(reference_pair, max_batch=6, max_len=640)
+    engine = Engine(reference_pair, max_batch=6, max_len=640)
     out = engine.run(jobs(prompts, 24), PerRow(MIX))
     assert divergences(reference_pair, prompts, [g.token_ids for g in out], plain) == []
     sizes = {s.batch_size for g in out for s in g.telemetry.step_records}
@@ -92,7 +94,7 @@ def test_random_prompts_diverge_only_at_near_ties(tiny_pair, seed):
     vocab = tiny_pair.target.config.vocab_size
     prompts = [rng.integers(0, vocab, rng.integers(1, 40)).tolist() for _ in range(7)]
     plain = plain_outputs(tiny_pair, prompts, 20)
-    out = BatchEngine(tiny_pair, max_batch=4, max_len=128).run(jobs(prompts, 20), PerRow(MIX))
+    out = Engine(tiny_pair, max_batch=4, max_len=128).run(jobs(prompts, 20), PerRow(MIX))
     for _, _, margin in divergences(tiny_pair, prompts, [g.token_ids for g in out], plain):
         assert margin < NEAR_TIE
 
@@ -102,7 +104,7 @@ def test_a_draft_equal_to_the_target_is_always_accepted_in_a_batch(reference_pai
     prompts = ["def f(x):\n    return x\n", "import os\n", "class A:\n    pass\n"]
     plain = plain_outputs(pair, prompts, 16)
     mix = [("draft-model", 3), ("draft-model", 1), (None, 0)]
-    out = BatchEngine(pair, max_batch=3, max_len=128).run(jobs(prompts, 16), PerRow(mix))
+    out = Engine(pair, max_batch=3, max_len=128).run(jobs(prompts, 16), PerRow(mix))
     assert [g.token_ids for g in out] == plain
     for g in out[:2]:
         assert g.telemetry.proposed > 0 and g.telemetry.accepted == g.telemetry.proposed
@@ -113,10 +115,10 @@ def test_rows_join_and_leave_and_slots_are_reused(tiny_pair):
     takes the freed slot, and still decodes exactly as alone."""
     prompts = ["def f(x):\n", "import os\n", "x = [1, 2, 3]\n", "class A:\n", "y = 2\n"]
     lengths = [4, 12, 6, 3, 8]
-    engine = BatchEngine(tiny_pair, max_batch=2, max_len=64)
+    engine = Engine(tiny_pair, max_batch=2, max_len=64)
     seen = {}  # request id -> slots it was in
     out = engine.run([Job(p, n, request_id=f"job-{j}") for j, (p, n) in enumerate(zip(prompts, lengths))],
-                     PerRow(MIX), on_tokens=lambda r, t: seen.setdefault(r.request_id, set()).add(r.cache))
+                     PerRow(MIX), on_tokens=lambda r, t: seen.setdefault(r.request_id, set()).add(r.slot))
     plain = [Engine(tiny_pair).generate(p, drafter=None, max_new_tokens=n).token_ids
              for p, n in zip(prompts, lengths)]
     assert [g.token_ids for g in out] == plain
@@ -136,7 +138,7 @@ def test_controller_sees_every_row_and_its_batch():
             calls.append(len(requests))
             return [(None, 0)] * len(requests)
 
-    BatchEngine(pair, max_batch=3, max_len=32).run(
+    Engine(pair, max_batch=3, max_len=32).run(
         [Job([1, 2, 3], n) for n in (2, 5, 3, 4)], Batchwise(None, 0))
     assert calls[0] == 3 and max(calls) == 3 and calls[-1] == 1
 
@@ -160,7 +162,7 @@ def exact_distribution(target):
 def test_sampling_is_exact_for_each_row_of_a_mixed_batch():
     target = random_llama(VOCAB, seed=0, scale=8.0, layers=1)
     draft = random_llama(VOCAB, seed=1, scale=8.0, layers=1)
-    engine = BatchEngine(ModelPair(target, IdTokenizer(), draft), max_batch=3, max_len=16)
+    engine = Engine(ModelPair(target, IdTokenizer(), draft), max_batch=3, max_len=16)
     mix = [("draft-model", 2), ("ngram", 2), (None, 0)]
     exact = exact_distribution(target)
     outcomes = list(exact)
@@ -183,12 +185,12 @@ def test_sampling_is_exact_for_each_row_of_a_mixed_batch():
 # -- bad input, telemetry --------------------------------------------------------------------
 def test_bad_input_names_the_value(tiny_pair):
     with pytest.raises(ValueError, match="max_batch must be >= 1, got 0"):
-        BatchEngine(tiny_pair, max_batch=0)
-    engine = BatchEngine(tiny_pair, max_batch=2, max_len=32)
+        Engine(tiny_pair, max_batch=0)
+    engine = Engine(tiny_pair, max_batch=2, max_len=32)
     with pytest.raises(ValueError, match=r"max_batch must be in 1\.\.2 .*got 0"):
         engine.run([Job("x = 1", 4)], max_batch=0)
     with pytest.raises(ValueError, match=r"request needs 40 positions \(prompt 30 \+ "
-                                         r"max_new_tokens 10\); a batch row holds 32"):
+                                         r"max_new_tokens 10\); a row holds 32"):
         engine.start(list(range(30)), max_new_tokens=10)
     engine.start([1, 2], 4), engine.start([3, 4], 4)
     with pytest.raises(ValueError, match=r"the batch is full: all 2 rows"):
@@ -208,7 +210,7 @@ def test_step_records_from_before_batching_still_parse():
 
 
 def test_a_job_that_cannot_start_ends_the_run_and_frees_the_rows(tiny_pair):
-    engine = BatchEngine(tiny_pair, max_batch=2, max_len=32)
+    engine = Engine(tiny_pair, max_batch=2, max_len=32)
     with pytest.raises(ValueError, match="request needs 50 positions"):
         engine.run([Job([1, 2], 20), Job([3, 4], 20), Job(list(range(40)), 10)])
     assert sorted(engine.cache.free) == [0, 1]
@@ -221,7 +223,7 @@ def test_batched_drafts_equal_each_rows_own_drafter(reference_pair):
     tail rolled back), full ones, and a first step that feeds a whole prompt. On the shipped
     pair (fixed weights, real code), not a model trained in the test session."""
     from autospec.drafters.base import DraftContext, create_drafter
-    from autospec.engine.batch_draft import BatchDraftModel, DraftRow
+    from autospec.drafters.draft_model import BatchDraftModel, DraftRow
     rng = np.random.default_rng(0)
     prompts = [json.loads(line)["prompt"] for line in WORKLOAD.read_text().splitlines()[:3]]
     contexts = [reference_pair.tokenizer.encode(p)[-40:] for p in prompts]
@@ -247,7 +249,7 @@ def test_a_batch_of_draft_model_rows_runs_one_draft_forward_per_position(referen
     deepest row's k), not 9, and every output is plain's."""
     prompts = ["def f(x):\n    return x\n", "import os\n", "class A:\n    pass\n", "x = [1, 2]\n"]
     plain = plain_outputs(reference_pair, prompts, 12)
-    engine = BatchEngine(reference_pair, max_batch=4, max_len=128)
+    engine = Engine(reference_pair, max_batch=4, max_len=128)
     mix = [("draft-model", 1), ("draft-model", 2), ("draft-model", 3), ("draft-model", 3)]
     steps = []
     out = engine.run(jobs(prompts, 12), PerRow(mix),
@@ -266,7 +268,7 @@ def test_rows_out_of_slot_order_and_with_gaps_read_the_cache_as_a_view(reference
     layer's K and V — and each row's output is still its plain decoding."""
     prompts = [json.loads(line)["prompt"] for line in WORKLOAD.read_text().splitlines()[:4]]
     plain = plain_outputs(reference_pair, prompts, 24)
-    engine = BatchEngine(reference_pair, max_batch=4, max_len=1024)
+    engine = Engine(reference_pair, max_batch=4, max_len=1024)
     requests = [engine.start(p, 24) for p in prompts]
     engine.abandon(requests[1])  # slot 1 free: rows at slots 0, 2, 3
     firsts = []

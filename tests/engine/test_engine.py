@@ -3,17 +3,20 @@ import pytest
 import torch
 
 from autospec.drafters.base import create_drafter
-from autospec.engine.loop import StaticController, StaticPolicy
+from autospec.engine.loop import Engine
+from autospec.engine.request import StaticController
 
 
 def test_rollback_keeps_cache_at_context_length(tiny_engine):
     request = tiny_engine.start("def f(x):\n    return x\n" * 3, max_new_tokens=30)
     while not request.done:
         tiny_engine.step(request, "draft-model", 4)
-        # the target's cache holds every token but the newest, whatever was rejected
-        assert request.cache.get_seq_length() == len(request.tokens) - 1
-        drafter = request.drafters["draft-model"]
-        assert drafter.cache.get_seq_length() == len(drafter.fed)
+        # the target's row holds every token but the newest, whatever was rejected
+        assert tiny_engine.cache.lengths[request.slot] == len(request.tokens) - 1
+        # the draft model's row holds what it was fed (its stale tail cut at the next propose)
+        drafting = tiny_engine.batch_draft
+        assert drafting.cache.lengths[request.slot] == len(drafting.fed[request.slot])
+    tiny_engine.finish(request)  # its row back to the shared engine
 
 
 def test_max_new_tokens_is_exact(tiny_engine):
@@ -60,16 +63,8 @@ def test_plain_steps_emit_one_token_each(tiny_engine):
     assert out.telemetry.proposed == 0 and out.telemetry.acceptance_rate == 0.0
 
 
-def test_the_old_policy_names_still_work_for_one_release(tiny_engine):
-    from autospec.controller.policies import make_policy
-    from autospec.engine.loop import Controller, Policy
-    assert Policy is Controller and StaticPolicy is StaticController
-    old = tiny_engine.generate("def", policy=StaticPolicy(None, 0), max_new_tokens=5)
-    new = tiny_engine.generate("def", controller=make_policy("plain"), max_new_tokens=5)
-    assert old.token_ids == new.token_ids
-
-
-def test_interleaved_requests_do_not_share_state(tiny_engine):
+def test_interleaved_requests_do_not_share_state(tiny_pair):
+    tiny_engine = Engine(tiny_pair, max_batch=2)
     prompts = ["a = 1\n" * 4, "def g():\n    pass\n" * 3]
     alone = [tiny_engine.generate(p, drafter="draft-model", k=3, max_new_tokens=20).token_ids
              for p in prompts]
@@ -83,7 +78,7 @@ def test_interleaved_requests_do_not_share_state(tiny_engine):
 
 def test_synthetic_drafter_hits_its_alpha(tiny_pair):
     from autospec.drafters.base import DraftContext
-    from autospec.engine.sampling import SamplingParams
+    from autospec.models.sampling import SamplingParams
     drafter = create_drafter("synthetic", tiny_pair, alpha=0.0)
     draft = drafter.propose(DraftContext([1, 2, 3], SamplingParams()), 3)
     logits = tiny_pair.target(torch.tensor([[1, 2, 3]])).logits[0, -1]

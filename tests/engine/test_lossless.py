@@ -70,7 +70,7 @@ def test_ngram_on_a_target_that_provably_repeats():
     once the prompt holds one whole cycle every n-gram proposal is right: acceptance is total,
     and the engine's count equals the one replayed from the plain output by the drafter alone."""
     from autospec.drafters.base import DraftContext, create_drafter
-    from autospec.engine.sampling import SamplingParams
+    from autospec.models.sampling import SamplingParams
     from autospec.models.pair import ModelPair
     from conftest import IdTokenizer
     vocab = 12

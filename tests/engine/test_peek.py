@@ -7,7 +7,8 @@ and never use a proposal looked up at another context.
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings, confidence_bucket
 from autospec.drafters.base import Draft
 from autospec.drafters.suffix import SuffixDraft
-from autospec.engine.loop import Engine, StaticController
+from autospec.engine.loop import Engine
+from autospec.engine.request import StaticController
 from conftest import REPO_ROOT
 
 PROMPT = "def f(x):\n    return x + 1\n\ndef g(x):\n    return x + 1\n\ndef f(x):\n"
@@ -35,6 +36,7 @@ def test_a_peeked_proposal_is_the_steps_draft_and_is_not_drafted_again(tiny_engi
         assert calls == [8], name  # the step reused the look-up
         assert request.steps[-1].proposed == len(draft.tokens[:4])
         assert not request.peeked
+        tiny_engine.finish(request)  # its row back to the shared engine
 
 
 def test_a_stale_or_short_peek_is_not_used(tiny_engine):
@@ -47,11 +49,13 @@ def test_a_stale_or_short_peek_is_not_used(tiny_engine):
     tiny_engine.step(request, None, 0)  # a plain step: the look-up is now stale
     tiny_engine.step(request, "ngram", 4)
     assert calls == [2, 4, 8, 4]
+    tiny_engine.finish(request)
 
 
 def test_model_drafters_are_not_peeked(tiny_engine):
     request = tiny_engine.start(PROMPT, max_new_tokens=16)
     assert request.peek("draft-model", 4) is None
+    tiny_engine.finish(request)
 
 
 def test_confidence_buckets():

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from autospec.engine.loop import Engine, StaticController
+from autospec.engine.loop import Engine
+
+from autospec.engine.request import StaticController
 from autospec.models.pair import ModelPair
 from conftest import IdTokenizer, random_llama
 from scipy_free_stats import chi2_pvalue
@@ -72,7 +74,7 @@ def test_sampling_is_exact_with_suffix(engine):
 
 
 def test_top_k_top_p_filter_then_renormalise():
-    from autospec.engine.sampling import SamplingParams, probs_from_logits
+    from autospec.models.sampling import SamplingParams, probs_from_logits
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     assert torch.allclose(probs_from_logits(logits, SamplingParams(1.0, top_k=2)),
                           torch.tensor([0.625, 0.375, 0, 0]))

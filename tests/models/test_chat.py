@@ -7,11 +7,10 @@ import shutil
 
 import pytest
 from chat_models import chat_target, chatml
-from click.testing import CliRunner
+from clirun import invoke
 
 import autospec
 from autospec.bench.harness import load_prompts, prompt_ids
-from autospec.cli import main
 from autospec.engine.loop import Engine
 from autospec.models import pairs
 from autospec.models.pair import ModelLoadError, load_pair
@@ -28,13 +27,6 @@ def chat_dir(tiny_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def chat_engine(chat_dir, tiny_dir):
     return Engine(load_pair(str(chat_dir), str(tiny_dir / "draft")))
-
-
-def run(*args, env=None):
-    result = CliRunner().invoke(main, list(args), env=env)
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    assert "Traceback" not in (result.output or "")
-    return result
 
 
 def write_rows(path, *rows):
@@ -86,9 +78,9 @@ def test_bench_measures_chat_rows(chat_dir, tiny_dir, tmp_path):
     path = write_rows(tmp_path / "w.jsonl", {"id": "a", "messages": CHAT, "category": "chat"},
                       {"id": "b", "prompt": "def f(x):", "category": "code"})
     out = tmp_path / "bench.json"
-    result = run("bench", "--prompts", str(path), "--methods", "plain,static:ngram:2",
-                 "--max-new-tokens", "6", "--json", str(out), "--target", str(chat_dir),
-                 "--draft", str(tiny_dir / "draft"))
+    result = invoke(["bench", "--prompts", str(path), "--methods", "plain,static:ngram:2",
+                     "--max-new-tokens", "6", "--json", str(out), "--target", str(chat_dir),
+                     "--draft", str(tiny_dir / "draft")])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["methods"]["static:ngram:2"]["overall"]["identical_to_plain"] is True
@@ -96,14 +88,14 @@ def test_bench_measures_chat_rows(chat_dir, tiny_dir, tmp_path):
 
 def test_bench_chat_rows_on_a_pair_without_a_template(tiny_dir, tmp_path):
     path = write_rows(tmp_path / "w.jsonl", {"id": "a", "messages": CHAT, "category": "chat"})
-    result = run("bench", "--prompts", str(path), "--methods", "plain", "--target",
-                 str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft"))
+    result = invoke(["bench", "--prompts", str(path), "--methods", "plain", "--target",
+                     str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft")])
     assert result.exit_code != 0 and "has no chat template" in result.output
 
 
 def test_generate_chat_is_one_user_message(chat_dir, chat_engine):
-    result = run("generate", "--chat", "--prompt", "def add(a, b):", "--drafter", "none",
-                 "--max-new-tokens", "6", "--json", "--target", str(chat_dir))
+    result = invoke(["generate", "--chat", "--prompt", "def add(a, b):", "--drafter", "none",
+                     "--max-new-tokens", "6", "--json", "--target", str(chat_dir)])
     assert result.exit_code == 0, result.output
     telemetry = json.loads([ln for ln in result.output.splitlines() if ln.startswith("{")][-1])
     expected = chat_engine.models.tokenizer.encode(
@@ -112,7 +104,7 @@ def test_generate_chat_is_one_user_message(chat_dir, chat_engine):
 
 
 def test_generate_chat_without_a_template(tiny_dir):
-    result = run("generate", "--chat", "--prompt", "hi", "--target", str(tiny_dir / "target"))
+    result = invoke(["generate", "--chat", "--prompt", "hi", "--target", str(tiny_dir / "target")])
     assert result.exit_code != 0 and "has no chat template" in result.output
 
 
@@ -127,7 +119,7 @@ def test_autospec_generate_takes_a_chat(chat_dir, chat_engine):
 @pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["bench"], ["serve"],
                                      ["demo"], ["replay", "trace.json"]])
 def test_unknown_pair_lists_the_known_ones(command):
-    result = run(*command, "--pair", "smollm3")
+    result = invoke([*command, "--pair", "smollm3"])
     assert result.exit_code != 0
     assert "unknown pair 'smollm3' (known: reference, smollm2)" in result.output
 
@@ -135,14 +127,14 @@ def test_unknown_pair_lists_the_known_ones(command):
 @pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["bench", "--limit", "1"],
                                      ["serve", "--port", "0"], ["demo", "--limit", "1"]])
 def test_smollm2_before_its_fetch_says_what_to_run(command, tmp_path):
-    result = run(*command, "--pair", "smollm2", env={"AUTOSPEC_CACHE": str(tmp_path)})
+    result = invoke([*command, "--pair", "smollm2"], env={"AUTOSPEC_CACHE": str(tmp_path)})
     assert result.exit_code != 0
     assert "pair 'smollm2'" in result.output and "`autospec models fetch smollm2`" in result.output
 
 
 @pytest.mark.parametrize("flag", ["--target", "--draft"])
 def test_pair_with_target_or_draft_is_refused(flag):
-    result = run("generate", "--prompt", "x", "--pair", "reference", flag, "/some/model")
+    result = invoke(["generate", "--prompt", "x", "--pair", "reference", flag, "/some/model"])
     assert result.exit_code == 2
     assert "--pair reference names both models" in result.output and flag in result.output
 
@@ -164,10 +156,10 @@ def test_smollm2_is_found_in_the_cache_and_keyed_by_name(tiny_dir, tmp_path, mon
     shutil.copytree(tiny_dir / "target", tmp_path / "cache" / "models" / "smollm2" / "target")
     models = pairs.load_named_pair("smollm2")
     assert models.draft is None and models.key == "smollm2"
-    result = run("generate", "--pair", "smollm2", "--prompt", "x = 1", "--max-new-tokens", "4",
-                 "--drafter", "draft-model")
+    result = invoke(["generate", "--pair", "smollm2", "--prompt", "x = 1", "--max-new-tokens", "4",
+                     "--drafter", "draft-model"])
     assert result.exit_code != 0 and "drafter 'draft-model' needs a draft model" in result.output
-    result = run("generate", "--pair", "smollm2", "--prompt", "x = 1", "--max-new-tokens", "4")
+    result = invoke(["generate", "--pair", "smollm2", "--prompt", "x = 1", "--max-new-tokens", "4"])
     assert result.exit_code == 0, result.output
 
 
@@ -185,8 +177,8 @@ def test_replay_refuses_a_trace_of_another_pair(tmp_path):
     raw["models"] = {**raw.get("models", {}), "pair": "reference"}
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps(raw))
-    result = run("replay", str(trace), "--pair", "smollm2", "--controller", "plain")
+    result = invoke(["replay", str(trace), "--pair", "smollm2", "--controller", "plain"])
     assert result.exit_code != 0
     assert f"trace '{trace}' was recorded on pair 'reference', not 'smollm2'" in result.output
-    result = run("replay", str(trace), "--pair", "reference", "--controller", "plain")
+    result = invoke(["replay", str(trace), "--pair", "reference", "--controller", "plain"])
     assert result.exit_code == 0, result.output

@@ -8,7 +8,8 @@ reason, where the package index cannot be reached.
 import pytest
 
 from autospec.bench.harness import load_prompts, prompt_ids
-from autospec.engine.loop import Engine, StaticPolicy
+from autospec.engine.loop import Engine
+from autospec.engine.request import StaticController
 from conftest import REPO_ROOT
 
 CHAT = REPO_ROOT / "configs" / "workloads" / "chat.jsonl"
@@ -62,15 +63,16 @@ def test_every_method_is_identical_to_plain(engine, prompts):
         methods.append(("draft-model", 4))
     for p in prompts:
         ids = prompt_ids(engine, p)
-        plain = engine.generate(ids, policy=StaticPolicy(None, 0), max_new_tokens=TOKENS)
+        plain = engine.generate(ids, controller=StaticController(None, 0), max_new_tokens=TOKENS)
         for drafter, k in methods:
-            out = engine.generate(ids, policy=StaticPolicy(drafter, k), max_new_tokens=TOKENS)
+            out = engine.generate(ids, controller=StaticController(drafter, k),
+                                  max_new_tokens=TOKENS)
             assert out.token_ids == plain.token_ids, (p.id, drafter, k)
         available = tuple(d for d, _ in methods)
-        out = engine.generate(ids, policy=AdaptiveController(available=available),
+        out = engine.generate(ids, controller=AdaptiveController(available=available),
                               max_new_tokens=TOKENS)
         assert out.token_ids == plain.token_ids, (p.id, "adaptive")
     # the edit prompt's answer restates the prompt: prompt lookup must have paid there
-    edit = engine.generate(prompt_ids(engine, prompts[0]), policy=StaticPolicy("ngram", 4),
-                           max_new_tokens=TOKENS)
+    edit = engine.generate(prompt_ids(engine, prompts[0]),
+                           controller=StaticController("ngram", 4), max_new_tokens=TOKENS)
     assert edit.telemetry.accepted > 0

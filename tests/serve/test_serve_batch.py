@@ -164,7 +164,7 @@ def test_a_request_too_long_for_a_row_is_a_400_naming_the_numbers(reference_pair
                                            "stream": stream})
             assert status == 400, reply
             assert (f"request needs {rows + 6} positions (prompt {rows - 4} + max_new_tokens 10); "
-                    f"a batch row holds {rows}") in reply["error"]["message"]
+                    f"a row holds {rows} positions") in reply["error"]["message"]
         assert post(port, body(PROMPTS[0]))[0] == 200  # and the server goes on
     assert sorted(server.batch.cache.free) == [0, 1]
 

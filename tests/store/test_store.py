@@ -205,13 +205,6 @@ def test_a_version_1_store_migrates_to_the_two_acceptance_names(url):
             assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION
 
 
-def test_telemetry_reads_the_old_policy_seconds_key():
-    raw = record("r1").to_dict()
-    raw["policy_seconds"] = raw.pop("controller_seconds")
-    raw["step_records"][0]["policy_seconds"] = raw["step_records"][0].pop("controller_seconds")
-    assert RequestRecord.from_dict(raw) == record("r1")
-
-
 def test_telemetry_method_round_trips_and_old_records_without_it_parse():
     ran = dataclasses.replace(record("r1"), method="static:ngram:4")
     assert RequestRecord.from_dict(ran.to_dict()) == ran

@@ -17,7 +17,7 @@ import pytest
 from clirun import error_line, invoke
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.controller.trace import Trace, replay
+from autospec.bench.trace import Trace, replay
 from autospec.policy import load_policy
 from autospec.tune.controller import build_controller, parameters_for
 from autospec.tune.space import SpaceError, load_space, shipped_space
@@ -30,6 +30,33 @@ SMALL = str(shipped_space("small"))
 
 def tune_cmd(*args) -> list[str]:
     return [sys.executable, "-c", "from autospec.cli import main; main()", "tune", *args]
+
+
+# `autospec tune` that, at trial AUTOSPEC_TEST_HOLD_TRIAL, stops after the trial's first chunk
+# has been scored and reported (its parameters drawn, an intermediate value stored: the
+# trial is mid-way), writes the file AUTOSPEC_TEST_HOLD_FILE and waits there to be killed
+HELD_TUNE = """
+import os, pathlib, time
+import autospec.tune.objective as objective_module
+hold_at, marker = int(os.environ["AUTOSPEC_TEST_HOLD_TRIAL"]), os.environ["AUTOSPEC_TEST_HOLD_FILE"]
+make = objective_module.trial_function
+
+def trial_function(space, source, n_trials, provenance, discrete=False):
+    objective, run = make(space, source, n_trials, provenance, discrete), source.run
+
+    def held(params):
+        yield next(iter(run(params)))
+        pathlib.Path(marker).write_text("reported")
+        time.sleep(3600)
+
+    def held_objective(trial):
+        source.run = held if trial.number == hold_at else run
+        return objective(trial)
+    return held_objective
+
+objective_module.trial_function = trial_function
+from autospec.cli import main; main()
+"""
 
 
 def finished_numbers(url: str, study: str) -> list[int]:
@@ -49,7 +76,6 @@ def test_shipped_spaces_load_and_discretise():
     names = {p.name for p in space.params}
     assert {"drafters", "k_min", "k_max", "controller.discount", "controller.thompson",
             "priors.ngram"} <= names
-    assert space.tiling_kernels == ("greedy_verify",)
     assert 100 <= space.grid_size() <= 1000
     assert max(space.clamp_k(8).grid()["k_max"]) <= 8
     small = load_space(SMALL)
@@ -66,7 +92,6 @@ def test_shipped_spaces_load_and_discretise():
     ("schema_version: 1\ndrafters: {choices: [[ngram, ngarm]]}\n",
      "drafters.choices[0][1]: unknown drafter 'ngarm' (known: "),
     ("schema_version: 2\nk_max: 4\n", "schema_version: expected 1 (the version this autospec reads), got 2"),
-    ("schema_version: 1\ntiling: {kernels: [matmul]}\nk_max: 4\n", "unknown kernel 'matmul'"),
 ])
 def test_bad_space_names_file_and_field(tmp_path, text, message):
     path = tmp_path / "space.yaml"
@@ -180,36 +205,42 @@ def test_export_validates_differs_from_default_and_changes_replay(tmp_path, env,
 
 
 def test_sweep_killed_mid_way_resumes_without_loss_or_duplicates(tmp_path, env):
+    """kill -9 lands mid-trial by construction, not by timing: the first sweep holds trial 8
+    once its first chunk is reported (HELD_TUNE) and is killed there; the test waits, with a
+    bounded deadline, for that event, not for a fixed time."""
     url = f"sqlite:///{tmp_path / 'tune.db'}"
-    args = tune_cmd("--study", "k9", "--storage", url, "--trace", str(TRACE), "--space", SMALL,
-                    "--trials", "40", "--heartbeat", "1", "--quiet", "--no-prune")
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        try:
-            study = optuna.load_study(study_name="k9", storage=url)
-            trials = study.get_trials(deepcopy=False)
-        except Exception:  # noqa: BLE001 (not created yet)
-            continue
-        states = [t.state for t in trials]
-        if len(states) >= 8 and states[-1] == optuna.trial.TrialState.RUNNING:
-            break
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    args = ["--study", "k9", "--storage", url, "--trace", str(TRACE), "--space", SMALL,
+            "--trials", "40", "--heartbeat", "1", "--quiet", "--no-prune"]
+    marker = tmp_path / "held"
+    held_env = {**env, "AUTOSPEC_TEST_HOLD_TRIAL": "8", "AUTOSPEC_TEST_HOLD_FILE": str(marker)}
+    log = tmp_path / "held.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", HELD_TUNE, "tune", *args], env=held_env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), f"trial 8 never reported its first chunk:\n{log.read_text()}"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    study = optuna.load_study(study_name="k9", storage=url)
+    held = study.trials[8]
+    assert held.state == optuna.trial.TrialState.RUNNING and list(held.intermediate_values) == [0]
     before = finished_numbers(url, "k9")
-    assert 0 < len(before) < 40
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    assert before == list(range(8))
+    done = subprocess.run(tune_cmd(*args), env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     numbers = finished_numbers(url, "k9")
     assert len(numbers) == 40 and len(set(numbers)) == 40
     assert set(before) <= set(numbers)
     study = optuna.load_study(study_name="k9", storage=url)
-    for failed in [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]:
-        retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == failed.number]
-        # a kill can land between two suggestions: the retry re-runs what the failed trial
-        # had drawn, and draws the rest
-        assert len(retries) == 1 and failed.params.items() <= retries[0].params.items()
+    failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert [t.number for t in failed] == [8]
+    retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == 8]
+    # the killed trial had drawn all its parameters: its one retry runs them again, and finishes
+    assert len(retries) == 1 and retries[0].params == held.params and retries[0].number in numbers
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")

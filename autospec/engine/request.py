@@ -1,0 +1,139 @@
+"""A request's own state, and the values that pass between the engine and its callers.
+
+`Request` is one generation in flight: its tokens, its row of the engine's KV cache, its
+drafters and its steps. `Round` is one request's part of a step between propose and observe.
+A `Controller` decides (drafter, k) for each row before the step; the step decides nothing.
+"""
+from __future__ import annotations
+
+import atexit
+import gc
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from autospec.drafters.base import Draft, Drafter
+from autospec.models.sampling import SamplingParams
+from autospec.telemetry import RequestRecord, StepRecord
+
+
+class Controller(Protocol):
+    """Chooses (drafter name or None, k) before each step; told each step's record after.
+    A controller may also decide for a whole batch at once (`decide_batch(requests)`)."""
+    def decide(self, request: "Request") -> tuple[str | None, int]: ...
+    def update(self, record: StepRecord, request: "Request") -> None: ...
+
+
+def decide_batch(controller: Controller, requests: Sequence["Request"]) -> list[tuple[str | None, int]]:
+    """A (drafter or None, k) per row: the controller's own batch decision when it has one
+    (`decide_batch`, e.g. a batch size -> K table), else row by row (`decide`)."""
+    batch = getattr(controller, "decide_batch", None)
+    return batch(requests) if batch else [controller.decide(r) for r in requests]
+
+
+@dataclass
+class StaticController:
+    """The same (drafter, k) every step; (None, 0) is plain decoding."""
+    drafter: str | None
+    k: int
+
+    def decide(self, request: "Request") -> tuple[str | None, int]:
+        return self.drafter, self.k
+
+    def update(self, record: StepRecord, request: "Request") -> None:
+        pass
+
+
+_heap_collected = False
+
+
+def freeze_heap() -> None:
+    """Move every object alive now out of the cyclic garbage collector's reach (gc.freeze),
+    after one full collection per process. Called once the models are loaded (the CLI's
+    engines, `autospec.load`): a full collection otherwise walks the models' modules,
+    parameters, tokenizer and the libraries' own objects (~470k on the reference pair) and
+    took 10-160 ms, seven times in a three-run bench at 16 rows — a pause in some step's
+    inter-token latency. Frozen objects are still freed by reference counting."""
+    global _heap_collected
+    if not _heap_collected:
+        gc.collect()
+        # thawed at exit, so the interpreter's last collection still frees them (nanobind's
+        # extensions, triton's, report what is left as leaks)
+        atexit.register(gc.unfreeze)
+        _heap_collected = True
+    gc.freeze()
+
+
+@dataclass
+class Request:
+    """One generation in flight: its tokens, its cache row, its drafters, its steps."""
+    request_id: str
+    tokens: list[int]  # prompt + output; the target's cache row holds all but the last
+    prompt_len: int
+    max_new_tokens: int
+    sampling: SamplingParams
+    generator: torch.Generator
+    slot: int | None = None  # its row of the engine's RowCache while it runs
+    workload: str | None = None
+    method: str | None = None  # as the caller named it (serve: the request's), for telemetry
+    drafters: dict[str, Drafter] = field(default_factory=dict)
+    steps: list[StepRecord] = field(default_factory=list)
+    finish_reason: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+    # a look-up drafter's proposal taken before the decision (Engine.peek): drafter ->
+    # (context length, k asked, draft, seconds it took, by the engine); the step then drafts
+    # no second time. By the engine (True): the draft model's batched drafts, made before the
+    # rows' own proposals (Engine._draft_model_rows); False: a controller's peek
+    peeked: dict[str, tuple[int, int, Draft, float, bool]] = field(default_factory=dict)
+    # seconds of the controller's peeked look-ups this step: charged to its draft seconds, so
+    # taken out of the controller's (indexing and matching are the drafters' work)
+    lookup_seconds: float = 0.0
+    # when this step's decision began (perf_counter): the controller learns the step's
+    # overhead from it (wall time less draft and verify); None outside a live loop (replay)
+    step_started: float | None = None
+    # Engine.peek bound to this request, for a controller that decides from the proposal
+    peek: Callable[[str, int], Draft | None] | None = field(default=None, repr=False)
+    # drafter options for this request in place of the engine's, set before its first step: a
+    # server's tenant (its own suffix index) shares one batch with the other tenants
+    drafter_options: dict[str, dict] | None = None
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]  # the output only
+    telemetry: RequestRecord
+
+
+@dataclass
+class Job:
+    """One request for `Engine.run`: what Engine.start takes."""
+    prompt: str | list[int]
+    max_new_tokens: int = 64
+    sampling: SamplingParams = SamplingParams()
+    seed: int = 0
+    workload: str | None = None
+    request_id: str | None = None
+
+
+@dataclass
+class Round:
+    """One request's step in flight, between propose and observe (a step holds one per row)."""
+    request: Request
+    drafter_name: str  # "none" for a plain step
+    k: int  # after clamping
+    drafter: Drafter | None
+    draft: Draft
+    draft_tokens: list[int]  # draft.tokens[:k]
+    context: int  # tokens in the target's cache row before the step
+    draft_seconds: float
