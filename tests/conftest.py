@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from autospec.engine.loop import Engine
-
 from autospec.engine.request import StaticController
 from autospec.models.pair import ModelPair, load_pair
 
@@ -112,6 +111,42 @@ def counting_llama(vocab: int = 12):
 
 
 KS = [1, 2, 4, 8]  # the draft lengths the lossless tests sweep
+
+
+# Rounding differs between a (K+1)-token verify forward, a batch's padded forward and a
+# single-token one, so on trained weights an argmax may flip at a true near-tie. A divergence
+# from plain decoding is allowed only where plain's top-2 logit margin is below NEAR_TIE
+# (printed when it happens); models whose behaviour is known by construction get none.
+NEAR_TIE = 1e-3
+
+
+@torch.no_grad()
+def top2_margins(pair, prompt_ids, output):
+    """Plain's top-1 minus top-2 logit at each output position (one uncached forward)."""
+    logits = pair.target(torch.tensor([prompt_ids + output])).logits[0, len(prompt_ids) - 1:-1]
+    top = logits.float().topk(2, dim=-1).values
+    return (top[:, 0] - top[:, 1]).tolist()
+
+
+def divergences(pair, prompts, batched, plain):
+    """(prompt index, first differing position, plain's margin there) for every output that
+    differs from plain's."""
+    found = []
+    for i, (got, want) in enumerate(zip(batched, plain)):
+        if got != want:
+            pos = next((t for t, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            ids = pair.tokenizer.encode(prompts[i]) if isinstance(prompts[i], str) else prompts[i]
+            margin = top2_margins(pair, ids, want)[pos] if pos < len(want) else float("inf")
+            print(f"prompt {i}: batched output diverges from plain at token {pos}, plain's top-2 "
+                  f"margin there {margin:.2e}")
+            found.append((i, pos, margin))
+    return found
+
+
+def assert_lossless(pair, prompt, plain_ids, spec_ids):
+    """spec_ids equal plain_ids, or diverge first at one of plain's near-ties."""
+    for _, _, margin in divergences(pair, [prompt], [spec_ids], [plain_ids]):
+        assert margin < NEAR_TIE, f"diverged from plain at a top-2 margin of {margin:.2e}"
 
 
 def plain_and_speculative(engine, prompt, drafter, k, n=24):

@@ -73,11 +73,6 @@ class AdaptiveController:
         self.peeking = tuple(d for d in self.drafters
                              if d != "ngram" and drafter_class(d).peekable)
         self.batch_cost = BatchCost()  # s(B, P) of a batched step (controller/batch.py)
-        self._rows = 1  # rows of the batch being decided (decide_batch)
-        # a row's step seconds per K in the batch being decided (decide_batch,
-        # `_batch_prices`): its share of the batch step; None at batch 1
-        self._step_prices: list[float] | None = None
-        self._batch_k = False  # whether decide_batch re-chooses the rows' K after `decide`
 
     # -- state ---------------------------------------------------------------------------
     def _prior(self, workload: str | None) -> dict[str, AcceptanceEstimate]:
@@ -147,6 +142,14 @@ class AdaptiveController:
 
     # -- the fast path -------------------------------------------------------------------
     def decide(self, request) -> tuple[str | None, int]:
+        """(drafter, K) for one request: a batch of one."""
+        return self.decide_batch([request])[0]
+
+    def _decide_row(self, request, rows: int, prices: list[float], batch_k: bool
+                    ) -> tuple[str | None, int]:
+        """One row's (drafter, K) in a batch of `rows`, at `prices` (a row's step seconds per
+        K: batch 1's, or its share of the batch step); with `batch_k` the batch re-chooses
+        every row's K afterwards (decide_batch), so only the drafter matters here."""
         state = self._state(request)
         names = self.drafters
         proposal = None
@@ -171,7 +174,7 @@ class AdaptiveController:
             # all the same: its index of the prompt is the drafter's work, and the
             # counterfactual scores this step from it)
             return None, 0
-        if self.use_floor and self._rows == 1:  # the floor's arms are priced at batch 1
+        if self.use_floor and rows == 1:  # the floor's arms are priced at batch 1
             if state.floor is None:
                 state.floor = RequestFloor(self.floor_ks, len(request.tokens))
             elif state.floor_pending is not None:
@@ -184,11 +187,11 @@ class AdaptiveController:
                     return None, 0
                 drafter, k = arm
                 return drafter, min(k, self._cap_k(self.costs.draft_seconds(
-                    drafter, self.hints[drafter]), self._prices()))
-        return self._own(state, request, lengths)
+                    drafter, self.hints[drafter]), prices))
+        return self._own(state, request, lengths, rows, prices, batch_k)
 
-    def _own(self, state: _RequestState, request, lengths: dict[str, int]
-             ) -> tuple[str | None, int]:
+    def _own(self, state: _RequestState, request, lengths: dict[str, int], rows: int,
+             prices: list[float], batch_k: bool) -> tuple[str | None, int]:
         """The policy's own decision (what the floor is measured against)."""
         names = self.drafters
         # between full decisions only K is re-chosen — but never from plain decoding: a row
@@ -196,16 +199,16 @@ class AdaptiveController:
         # where drafters are re-chosen every BATCH_REDECIDE steps, it sat out three)
         if state.fast_left > 0 and state.current is not None and state.current != PLAIN:
             state.fast_left -= 1
-            return self._keep(state, lengths)
-        every = self.settings.redecide_every if self._rows == 1 else max(BATCH_REDECIDE,
-                                                                        self.settings.redecide_every)
+            return self._keep(state, lengths, prices, batch_k)
+        every = self.settings.redecide_every if rows == 1 else max(BATCH_REDECIDE,
+                                                                   self.settings.redecide_every)
         state.fast_left = every - 1
         # each drafter's per-position Beta parameters, in Python floats (decide.py says why)
         estimates = [self._estimate(state, d) for d in names]
         # positions each can draft: a look-up's proposal length (none at all: no option)
         k_max = self.settings.k_max
         hints = self.hints
-        steps = self._prices()
+        steps = prices
         draft_s = [self.costs.draft_seconds(d, hints[d]) for d in names]
         limits = [min(lengths.get(d, k_max), self._cap_k(d_s, steps))
                   for d, d_s in zip(names, draft_s)]
@@ -254,19 +257,19 @@ class AdaptiveController:
             state.bucket["ngram"] = f"{'hot' if hot else 'cold'}-n{matched}"
         return proposal
 
-    def _keep(self, state: _RequestState, lengths: dict[str, int]) -> tuple[str | None, int]:
+    def _keep(self, state: _RequestState, lengths: dict[str, int], prices: list[float],
+              batch_k: bool) -> tuple[str | None, int]:
         """Between full decisions: the drafter in use, K re-chosen from its posterior means
         (one row of the rate table), plain decoding where no K pays."""
         if state.current == PLAIN:
             return None, 0
         drafter = self.drafters[state.current]
-        if self._batch_k:
+        if batch_k:
             return drafter, 1  # the batch chooses every row's K together (decide_batch)
         means = self._estimate(state, drafter).mean_list()
         means = means[:lengths.get(drafter, len(means))]
-        steps = self._prices()
         draft_s = self.costs.draft_seconds(drafter, self.hints[drafter])
-        k = k_for(means, draft_s, steps, self._cap_k(draft_s, steps))
+        k = k_for(means, draft_s, prices, self._cap_k(draft_s, prices))
         return (drafter, max(k, self.settings.k_min)) if k else (None, 0)
 
     def _replay_floor(self, state: _RequestState, request) -> None:
@@ -339,7 +342,7 @@ class AdaptiveController:
 
     def decide_batch(self, requests) -> list[tuple[str | None, int]]:
         """(drafter, K) for every row of a batch (Engine.advance asks this way): each row's
-        drafter as `decide` chooses it at the row's prices in this batch (`_batch_prices`: its
+        drafter as `_decide_row` chooses it at the row's prices in this batch (`_batch_prices`: its
         share of the step; drafting stalls every row), then every row's K together for the
         batch's goodput under the batch cost s(B, W) of a forward padded to its longest row,
         plus the step's per-row overhead (controller/batch.py) — K = 0 for all where
@@ -351,16 +354,14 @@ class AdaptiveController:
         if fitted is not None:
             a, b, c = fitted
             a += rows * self.batch_cost.row_overhead  # paid at every width alike
-            self._step_prices = self._batch_prices(rows, a, b, c)
-        elif rows > 1:
-            # the batch's cost not measured yet: priced as a memory-bound forward (a batch
-            # step costs what one row's does), so a row's share is 1/B of a batch-1 step
-            self._step_prices = [v / rows for v in self.costs.step_list()]
-        self._rows, self._batch_k = rows, fitted is not None
-        try:
-            choices = [self.decide(request) for request in requests]
-        finally:
-            self._rows, self._step_prices, self._batch_k = 1, None, False
+            prices = self._batch_prices(rows, a, b, c)
+        else:
+            # batch 1's step; a batch whose cost is not measured yet is priced as a
+            # memory-bound forward (a batch step costs what one row's does): a row's share is
+            # 1/B of a batch-1 step
+            prices = [v / rows for v in self.costs.step_list()]
+        choices = [self._decide_row(request, rows, prices, fitted is not None)
+                   for request in requests]
         if fitted is None:
             return choices
         drafters = [drafter for drafter, _ in choices]
@@ -395,11 +396,6 @@ class AdaptiveController:
         while k < k_max and steps[k + 1] + draft_seconds * (k + 1) <= bound:
             k += 1
         return k
-
-    def _prices(self) -> list[float]:
-        """Step seconds per K a row's decision compares with its drafting seconds: batch 1's,
-        or the row's share of the batch being decided (decide_batch)."""
-        return self.costs.step_list() if self._step_prices is None else self._step_prices
 
     def _batch_prices(self, rows: int, a: float, b: float, c: float) -> list[float]:
         """A row of a `rows`-row batch pays its share of the step, s(B, K+1) / B = a / B + b +

@@ -82,6 +82,13 @@ class Drafter(ABC):
     cost_hint: float = 0.1
     needs_draft_model: bool = False  # runs only on a pair that has a draft model
 
+    @classmethod
+    def batch_drafting(cls, models, max_batch: int, max_len: int, **options):
+        """What drafts for many rows of a step at once — `propose(rows) -> (drafts, seconds)`
+        and `reset(slot)`, rows by engine slot (drafters/draft_model.py's BatchDraftModel) — or
+        None: the engine then asks each row's own drafter. `options` as the constructor's."""
+        return None
+
     def reset(self) -> None:
         """Forget per-request state (called once before a request's first step)."""
 

@@ -124,18 +124,23 @@ class CachedLMDrafter(Drafter):
     """Drafts autoregressively from any causal LM, in a one-row cache of its own."""
 
     def __init__(self, model):
-        # one row of the model's positions (the cache grows as used); a subclass's `pick`
-        # chooses each draft token (synthetic: a set acceptance rate)
-        self.drafting = BatchDraftModel(model, 1, pick=self.pick)
+        self.model = model
+        # one row of the model's positions (the cache grows as used), made at the first
+        # proposal: the engine drafts its draft-model rows itself, and this row would go
+        # unused; a subclass's `pick` chooses each draft token (synthetic: a set acceptance)
+        self.drafting: BatchDraftModel | None = None
 
     pick = staticmethod(BatchDraftModel.pick)
 
     def reset(self) -> None:
-        self.drafting.reset(0)
+        if self.drafting is not None:
+            self.drafting.reset(0)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         if k <= 0:
             return Draft.empty()
+        if self.drafting is None:
+            self.drafting = BatchDraftModel(self.model, 1, pick=self.pick)
         drafts, _ = self.drafting.propose([DraftRow(0, ctx, k)])
         return drafts[0]
 
@@ -149,3 +154,9 @@ class DraftModelDrafter(CachedLMDrafter):
         if models.draft is None:
             raise ValueError("drafter 'draft-model' needs a draft model (--draft PATH)")
         super().__init__(models.draft)
+
+    @classmethod
+    def batch_drafting(cls, models, max_batch: int, max_len: int, **options):
+        if models.draft is None:
+            return None
+        return BatchDraftModel(models.draft, max_batch, max_len)

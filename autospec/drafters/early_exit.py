@@ -7,7 +7,7 @@ its own (L-layer) cache.
 from __future__ import annotations
 
 from autospec.drafters.base import register
-from autospec.drafters.draft_model import CachedLMDrafter
+from autospec.drafters.draft_model import BatchDraftModel, CachedLMDrafter
 
 
 @register("early-exit")
@@ -18,3 +18,8 @@ class EarlyExitDrafter(CachedLMDrafter):
         self.exit_layer = exit_layer or models.default_exit_layer
         super().__init__(models.early_exit_view(self.exit_layer))
         self.cost_hint = self.exit_layer / models.target.config.num_hidden_layers
+
+    @classmethod
+    def batch_drafting(cls, models, max_batch: int, max_len: int, exit_layer: int | None = None):
+        return BatchDraftModel(models.early_exit_view(exit_layer or models.default_exit_layer),
+                               max_batch, max_len)

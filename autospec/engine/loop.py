@@ -13,9 +13,8 @@ one in autospec/controller/) decides them between steps (`advance`).
 Choices:
 - a joining request is prefilled by a forward of its own (batch 1, into its row): simplest
   correct; a long prompt then delays the other rows' step once, as in a non-chunked server.
-- drafting: the draft model drafts for all its rows in one forward per draft position
-  (drafters/draft_model.py, its own RowCache slot for slot); look-up drafters (n-gram, suffix)
-  and the early exit per row through their drafter objects.
+- drafting: a model drafter (draft model, early exit) drafts all its rows in one forward per
+  draft position (`Drafter.batch_drafting`); look-up drafters (n-gram, suffix) row by row.
 - a request must fit its row: prompt + max_new_tokens <= max_len, checked when it joins.
 - telemetry: each row gets its own StepRecord; verify_seconds is the step's verify phase
   (every row waited for all of it), batch_size and batch_tokens say what the forward held, and
@@ -33,9 +32,9 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, create_drafter, drafter_class
-from autospec.drafters.draft_model import BatchDraftModel, DraftRow
+from autospec.drafters.draft_model import DraftRow
 from autospec.engine.accept import accept_rows
-from autospec.engine.request import (Controller, Generation, Job, Request, Round,
+from autospec.engine.request import (Controller, Generation, Job, Proposal, Request, Round,
                                      StaticController, decide_batch)
 from autospec.models.kv import RowCache, cache_kwarg
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
@@ -60,18 +59,17 @@ class Engine:
         if max_len > models.max_positions:
             raise ValueError(f"max_len {max_len} exceeds the target's {models.max_positions} positions")
         self.cache = RowCache(models.target, max_batch, max_len)
-        # the draft model drafts for all its rows at once, in a cache of its own
-        self.batch_draft = None
-        if models.draft is not None:
-            self.batch_draft = BatchDraftModel(models.draft, max_batch, max_len)
+        # drafters that draft all their rows of a step at once (the draft model, the early
+        # exit), each in a cache of its own, slot for slot: drafter name -> its batch drafting
+        # (None: the drafter has none), made the first time a row chooses the drafter
+        self.batch_drafting: dict[str, object | None] = {}
 
     @property
     def max_batch(self) -> int:
         return self.cache.max_batch
 
     @property
-    def max_positions(self) -> int:
-        """Positions a request may reach: a row's."""
+    def max_positions(self) -> int:  # positions a request may reach: a row's
         return self.cache.max_len
 
     # -- requests join and leave ----------------------------------------------------------
@@ -108,8 +106,9 @@ class Engine:
                              f"max_new_tokens {request.max_new_tokens}); a row holds "
                              f"{self.cache.max_len} positions (max_len)")
         slot = self.cache.claim()
-        if self.batch_draft is not None:
-            self.batch_draft.reset(slot)
+        for drafting in self.batch_drafting.values():
+            if drafting is not None:
+                drafting.reset(slot)
         if request.prompt_len > 1:
             try:
                 self._forward([slot], [request.tokens[:-1]], last=1)
@@ -139,16 +138,16 @@ class Engine:
             request.slot = None
 
     def peek(self, request: Request, name: str, k: int) -> Draft | None:
-        """The proposal drafter `name` would make now, for a controller deciding before the
-        step — only from a look-up drafter (`Drafter.peekable`: ngram, suffix; None from the
-        others, whose proposal is a model's forward). The step that follows at this context
-        uses it (cut to its k) instead of drafting again, and is charged its seconds."""
+        """The proposal look-up drafter `name` (`Drafter.peekable`: ngram, suffix; else None)
+        would make now, for a controller deciding before the step; the step that follows at
+        this context uses it (cut to its k) instead of drafting again."""
         drafter = self.drafter_for(request, name)
         if not drafter.peekable:
             return None
         t0 = time.perf_counter()
         draft = drafter.propose(self._context(request), k)
-        request.peeked[name] = (len(request.tokens), k, draft, time.perf_counter() - t0, False)
+        request.peeked[name] = Proposal(len(request.tokens), k, draft, time.perf_counter() - t0,
+                                        by_engine=False)
         return draft
 
     def drafter_for(self, request: Request, name: str) -> Drafter:
@@ -166,7 +165,7 @@ class Engine:
 
     # -- the step -------------------------------------------------------------------------
     def step(self, request: Request, drafter_name: str | None, k: int) -> list[int]:
-        """One speculative round for one request (a batch of one). Returns the tokens appended."""
+        """One speculative round for one request (a batch of one): the tokens appended."""
         return self.step_batch([(request, drafter_name, k)])[0]
 
     @torch.inference_mode()
@@ -185,9 +184,9 @@ class Engine:
             for j, i in enumerate(order):
                 out[i] = emitted[j]
             return out
-        # 1. propose: each row asks its own drafter for its own k (the draft model's rows
-        # all at once, one forward per draft position: _draft_model_rows)
-        self._draft_model_rows(decisions)
+        # 1. propose: each row asks its own drafter for its own k (a model drafter's rows all
+        # at once, one forward per draft position: _draft_batched)
+        self._draft_batched(decisions)
         rounds = [self.propose(request, name, k) for request, name, k in decisions]
         t1 = time.perf_counter()
 
@@ -230,13 +229,13 @@ class Engine:
         # a controller's look-ups ran inside its decision but are the drafters' work (indexing,
         # matching), whether this step drafts from them or not (another drafter's, a plain
         # step's): they count as the step's draft seconds and leave the controller's
-        looked = [p for p in (*request.peeked.values(), peeked) if p is not None and not p[4]]
-        request.lookup_seconds = sum(p[3] for p in looked)
+        request.lookup_seconds = sum(p.seconds for p in (*request.peeked.values(), peeked)
+                                     if p is not None and not p.by_engine)
         request.peeked.clear()  # looked up at an older context, or for another drafter
-        drafted = 0.0  # seconds of the engine's own draft made before the step (_draft_model_rows)
-        if peeked is not None and peeked[0] == len(request.tokens) and peeked[1] >= k:
-            draft = peeked[2]
-            drafted = peeked[3] if peeked[4] else 0.0
+        drafted = 0.0  # seconds of the engine's own draft made before the step (_draft_batched)
+        if peeked is not None and peeked.at == len(request.tokens) and peeked.k >= k:
+            draft = peeked.draft
+            drafted = peeked.seconds if peeked.by_engine else 0.0
         else:
             draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
         return Round(request, drafter_name if drafter else "none", k, drafter, draft,
@@ -283,23 +282,30 @@ class Engine:
                 break
         return emitted
 
-    def _draft_model_rows(self, decisions: Sequence[tuple[Request, str | None, int]]) -> None:
-        """The draft for every row that chose the draft model, in one batched drafting; each
-        row's draft is left where `propose` takes a look-up drafter's (Request.peeked), and
-        each is charged the whole drafting's seconds (every row waited for all of it)."""
-        if self.batch_draft is None:
-            return
-        rows, requests = [], []
+    def _draft_batched(self, decisions: Sequence[tuple[Request, str | None, int]]) -> None:
+        """The drafts of every row whose drafter drafts in batches (`Drafter.batch_drafting`),
+        one batched drafting per such drafter; each row's draft is left where `propose` takes
+        a look-up drafter's (Request.peeked), and each is charged the whole drafting's seconds
+        (every row waited for all of it)."""
+        chosen: dict[str, list[tuple[Request, int]]] = {}
         for request, name, k in decisions:
-            k = self.clamp_k(request, k) if name == "draft-model" else 0
+            k = self.clamp_k(request, k) if name else 0
             if k > 0:
-                rows.append(DraftRow(request.slot, self._context(request), k))
-                requests.append(request)
-        if not rows:
-            return
-        drafts, seconds = self.batch_draft.propose(rows)
-        for request, row, draft in zip(requests, rows, drafts):
-            request.peeked["draft-model"] = (len(request.tokens), row.k, draft, seconds, True)
+                chosen.setdefault(name, []).append((request, k))
+        for name, picks in chosen.items():
+            if name not in self.batch_drafting:
+                self.batch_drafting[name] = drafter_class(name).batch_drafting(
+                    self.models, self.max_batch, self.max_positions,
+                    **self.drafter_options.get(name, {}))
+            drafting = self.batch_drafting[name]
+            if drafting is None:
+                continue
+            rows = [DraftRow(request.slot, self._context(request), k) for request, k in picks]
+            requests = [request for request, _ in picks]
+            drafts, seconds = drafting.propose(rows)
+            for request, row, draft in zip(requests, rows, drafts):
+                request.peeked[name] = Proposal(len(request.tokens), row.k, draft, seconds,
+                                                by_engine=True)
 
     def _forward(self, slots: list[int], inputs: list[list[int]], last: int | None = None):
         """Logits (n, T, V) of the rows' token lists, right-padded, each at its own offset."""
@@ -308,10 +314,9 @@ class Engine:
 
     # -- the driving loop -------------------------------------------------------------------
     def advance(self, rows: Sequence[tuple[Request, Controller]]) -> list[list[int]]:
-        """One step of the loop over the active rows: each controller decides for all its rows
-        at once (rows may have different controllers, as a server's requests do), one
-        `step_batch`, every row's controller told its step, the controllers' seconds shared
-        among the rows. Returns the tokens appended to each row."""
+        """One step of the loop: each controller decides for all its rows at once (a server's
+        rows may have different ones), one `step_batch`, every controller told its rows' steps,
+        the controllers' seconds shared among the rows. The tokens appended to each row."""
         t0 = time.perf_counter()
         for request, _ in rows:
             request.step_started = t0  # a controller learns the step's overhead from it
@@ -361,11 +366,9 @@ class Engine:
     def run(self, jobs: Iterable[Job], controller: Controller | None = None,
             max_batch: int | None = None,
             on_tokens: Callable[[Request, list[int]], None] | None = None) -> list[Generation]:
-        """Continuous batching over `jobs`, in order, with up to max_batch rows (default: the
-        cache's). Between steps finished rows leave and the next jobs join their slots.
-        Closed loop: max_batch clients, each submitting its next job when its last one ends,
-        so a request's `started` (hence its wall time and time to first token) is when its
-        client sent it. Returns the generations in job order."""
+        """Continuous batching over `jobs` in order, up to max_batch rows (default: all): a
+        closed loop of max_batch clients, each sending its next job when its last one ends (a
+        request's `started`, hence its TTFT, is then). The generations, in job order."""
         max_batch = self.max_batch if max_batch is None else max_batch
         if not 1 <= max_batch <= self.max_batch:
             raise ValueError(f"max_batch must be in 1..{self.max_batch} (the cache's rows), "

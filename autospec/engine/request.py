@@ -67,6 +67,18 @@ def freeze_heap() -> None:
 
 
 @dataclass
+class Proposal:
+    """A draft made before the step that uses it."""
+    at: int  # len(request.tokens) when it was made: stale once a token is added
+    k: int  # tokens asked for (the step may use fewer)
+    draft: Draft
+    seconds: float
+    # made by the engine (a batched drafting: the step's draft seconds) or looked up by a
+    # controller inside its decision (charged to draft seconds, taken out of the controller's)
+    by_engine: bool
+
+
+@dataclass
 class Request:
     """One generation in flight: its tokens, its cache row, its drafters, its steps."""
     request_id: str
@@ -82,11 +94,10 @@ class Request:
     steps: list[StepRecord] = field(default_factory=list)
     finish_reason: str | None = None
     started: float = field(default_factory=time.perf_counter)
-    # a look-up drafter's proposal taken before the decision (Engine.peek): drafter ->
-    # (context length, k asked, draft, seconds it took, by the engine); the step then drafts
-    # no second time. By the engine (True): the draft model's batched drafts, made before the
-    # rows' own proposals (Engine._draft_model_rows); False: a controller's peek
-    peeked: dict[str, tuple[int, int, Draft, float, bool]] = field(default_factory=dict)
+    # proposals made before the step's own propose, by drafter: a controller's look-ups
+    # (Engine.peek) and a model drafter's batched drafts (Engine._draft_batched); the step
+    # uses the one for its drafter instead of drafting again
+    peeked: dict[str, "Proposal"] = field(default_factory=dict)
     # seconds of the controller's peeked look-ups this step: charged to its draft seconds, so
     # taken out of the controller's (indexing and matching are the drafters' work)
     lookup_seconds: float = 0.0

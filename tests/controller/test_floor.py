@@ -42,7 +42,7 @@ class OneTokenPolicy(AdaptiveController):
         super().__post_init__()
         self.chosen = []  # (output position, (drafter, k), chosen by the floor?)
 
-    def _own(self, state, request, proposal):
+    def _own(self, state, request, *decision):
         self._by_policy = True
         return "ngram", 1
 

@@ -20,10 +20,9 @@ from autospec.engine.request import StaticController
 from autospec.models.sampling import SamplingParams
 from autospec.models.pair import ModelPair
 from autospec.telemetry import StepRecord
-from conftest import REPO_ROOT, IdTokenizer, random_llama
+from conftest import NEAR_TIE, REPO_ROOT, IdTokenizer, divergences, random_llama
 from scipy_free_stats import chi2_pvalue
 
-NEAR_TIE = 1e-3
 MIX = [(None, 0), ("ngram", 4), ("draft-model", 2)]  # row j drafts with MIX[j % 3]
 WORKLOAD = REPO_ROOT / "configs" / "workloads" / "reference.jsonl"
 
@@ -49,29 +48,6 @@ def plain_outputs(pair, prompts, n):
     engine = Engine(pair)
     return [engine.generate(p, controller=StaticController(None, 0), max_new_tokens=n).token_ids
             for p in prompts]
-
-
-@torch.no_grad()
-def top2_margins(pair, prompt_ids, output):
-    """Plain's top-1 minus top-2 logit at each output position (one uncached forward)."""
-    logits = pair.target(torch.tensor([prompt_ids + output])).logits[0, len(prompt_ids) - 1:-1]
-    top = logits.float().topk(2, dim=-1).values
-    return (top[:, 0] - top[:, 1]).tolist()
-
-
-def divergences(pair, prompts, batched, plain):
-    """(prompt index, first differing position, plain's margin there) for every output that
-    differs from plain's."""
-    found = []
-    for i, (got, want) in enumerate(zip(batched, plain)):
-        if got != want:
-            pos = next((t for t, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-            ids = pair.tokenizer.encode(prompts[i]) if isinstance(prompts[i], str) else prompts[i]
-            margin = top2_margins(pair, ids, want)[pos] if pos < len(want) else float("inf")
-            print(f"prompt {i}: batched output diverges from plain at token {pos}, plain's top-2 "
-                  f"margin there {margin:.2e}")
-            found.append((i, pos, margin))
-    return found
 
 
 def test_mixed_batch_is_identical_to_plain_on_the_workload(reference_pair):
@@ -253,7 +229,7 @@ def test_a_batch_of_draft_model_rows_runs_one_draft_forward_per_position(referen
     mix = [("draft-model", 1), ("draft-model", 2), ("draft-model", 3), ("draft-model", 3)]
     steps = []
     out = engine.run(jobs(prompts, 12), PerRow(mix),
-                     on_tokens=lambda r, t: steps.append(engine.batch_draft.forwards))
+                     on_tokens=lambda r, t: steps.append(engine.batch_drafting["draft-model"].forwards))
     assert [g.token_ids for g in out] == plain
     full = [s for g in out for s in g.telemetry.step_records if s.batch_size == 4]
     assert full and all(s.drafter == "draft-model" for s in full)

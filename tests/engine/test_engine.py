@@ -14,7 +14,7 @@ def test_rollback_keeps_cache_at_context_length(tiny_engine):
         # the target's row holds every token but the newest, whatever was rejected
         assert tiny_engine.cache.lengths[request.slot] == len(request.tokens) - 1
         # the draft model's row holds what it was fed (its stale tail cut at the next propose)
-        drafting = tiny_engine.batch_draft
+        drafting = tiny_engine.batch_drafting["draft-model"]
         assert drafting.cache.lengths[request.slot] == len(drafting.fed[request.slot])
     tiny_engine.finish(request)  # its row back to the shared engine
 

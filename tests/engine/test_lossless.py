@@ -1,7 +1,9 @@
 """Greedy speculative output is token-identical to plain greedy output, for every drafter and K.
 
-On the freshly trained tiny pair (real tokenizer, real training, poor weights) with random
-prompts (hypothesis) and with the shipped workload's prompts; and on a GPT-2-style target.
+On the freshly trained tiny pair (real tokenizer, real training, poor weights: weights that
+differ by CPU, so an argmax may flip at a true near-tie — conftest.NEAR_TIE) with random
+prompts (hypothesis) and with the shipped workload's prompts; exactly on models whose
+behaviour is known by construction; and on a GPT-2-style target.
 """
 import json
 
@@ -10,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autospec.engine.loop import Engine
-from conftest import KS, REPO_ROOT, counting_llama, plain_and_speculative
+from conftest import KS, REPO_ROOT, assert_lossless, counting_llama, plain_and_speculative
 
 DRAFTERS = ["ngram", "draft-model", "early-exit", "synthetic"]
 WORKLOAD = REPO_ROOT / "configs" / "workloads" / "reference.jsonl"
@@ -21,7 +23,7 @@ WORKLOAD = REPO_ROOT / "configs" / "workloads" / "reference.jsonl"
 @given(prompt=st.lists(st.integers(0, 383), min_size=1, max_size=40), k=st.sampled_from(KS))
 def test_greedy_identical_on_random_prompts(tiny_engine, drafter, prompt, k):
     plain, spec = plain_and_speculative(tiny_engine, prompt, drafter, k)
-    assert spec.token_ids == plain.token_ids
+    assert_lossless(tiny_engine.models, prompt, plain.token_ids, spec.token_ids)
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
@@ -31,7 +33,7 @@ def test_greedy_identical_on_workload_prompts(tiny_engine, drafter, k):
     for category in ("copy-heavy", "completion", "prose"):
         row = next(r for r in rows if r["category"] == category)
         plain, spec = plain_and_speculative(tiny_engine, row["prompt"], drafter, k, n=40)
-        assert spec.token_ids == plain.token_ids, (row["id"], drafter, k)
+        assert_lossless(tiny_engine.models, row["prompt"], plain.token_ids, spec.token_ids)
 
 
 # Guards against a vacuous lossless pass: drafts must really be accepted. Each pins acceptance
@@ -103,5 +105,6 @@ def test_gpt2_style_target(tiny_pair, drafter):
                      n_head=2, eos_token_id=tiny_pair.tokenizer.eos_token_id)
     engine = Engine(ModelPair(GPT2LMHeadModel(cfg).eval(), tiny_pair.tokenizer))
     for k in KS:
-        plain, spec = plain_and_speculative(engine, "x = [1, 2, 3]\nx = [1, 2, 3]\nx =", drafter, k)
-        assert spec.token_ids == plain.token_ids
+        prompt = "x = [1, 2, 3]\nx = [1, 2, 3]\nx ="
+        plain, spec = plain_and_speculative(engine, prompt, drafter, k)
+        assert_lossless(engine.models, prompt, plain.token_ids, spec.token_ids)
