@@ -29,7 +29,6 @@ import numpy as np
 from autospec.controller.batch import BatchCost, rows_ks
 from autospec.controller.decide import PLAIN, decide_step, k_for
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
-from autospec.controller.floor import PLAIN_ARM, FloorState, RequestFloor
 from autospec.controller.request_state import (_RequestState, _score, confidence_bucket,
                                                 pooled_evidence)
 from autospec.controller.settings import ControllerSettings
@@ -54,7 +53,7 @@ class AdaptiveController:
     def __post_init__(self):
         s = self.settings
         self.drafters = tuple(d for d in s.drafters if self.available is None or d in self.available)
-        self.costs = CostModel(s.k_max, warmup=s.cost_warmup, stale_after=s.cost_stale_steps)
+        self.costs = CostModel(s.k_max, stale_after=s.cost_stale_steps)
         self.priors: dict[str, dict[str, AcceptanceEstimate]] = {}
         # per-step outcomes not yet folded into the pooled per-workload estimates: those are
         # read only when a request starts (or a snapshot is taken), so they are updated then,
@@ -64,10 +63,6 @@ class AdaptiveController:
         self.rng = np.random.default_rng(s.seed)
         self.thompson = GaussianThompson(self.rng)
         self._requests: dict[str, _RequestState] = {}
-        # the floor: per workload, the fixed arms' and the controller's own rates
-        self.floors: dict[str, FloorState] = {}
-        self.floor_ks = tuple(sorted({min(k, s.k_max) for k in (4, 8, s.k_max)}))
-        self.use_floor = s.floor and "ngram" in self.drafters
         # look-up drafters besides n-gram (which the controller indexes itself): their
         # proposal is seen before deciding (Engine.peek), its length and confidence are evidence
         self.peeking = tuple(d for d in self.drafters
@@ -174,25 +169,11 @@ class AdaptiveController:
             # all the same: its index of the prompt is the drafter's work, and the
             # counterfactual scores this step from it)
             return None, 0
-        if self.use_floor and rows == 1:  # the floor's arms are priced at batch 1
-            if state.floor is None:
-                state.floor = RequestFloor(self.floor_ks, len(request.tokens))
-            elif state.floor_pending is not None:
-                self._replay_floor(state, request)
-            arm = state.floor.choice()
-            if arm is not None:
-                state.current = PLAIN if arm == PLAIN_ARM else names.index(arm[0])
-                state.fast_left = 0  # the controller's own turn starts with a full decision
-                if arm == PLAIN_ARM:
-                    return None, 0
-                drafter, k = arm
-                return drafter, min(k, self._cap_k(self.costs.draft_seconds(
-                    drafter, self.hints[drafter]), prices))
         return self._own(state, request, lengths, rows, prices, batch_k)
 
     def _own(self, state: _RequestState, request, lengths: dict[str, int], rows: int,
              prices: list[float], batch_k: bool) -> tuple[str | None, int]:
-        """The policy's own decision (what the floor is measured against)."""
+        """The decision from the estimates: the drafter under Thompson draws, its K."""
         names = self.drafters
         # between full decisions only K is re-chosen — but never from plain decoding: a row
         # that went plain for want of a match must see the next match at once (in a batch,
@@ -271,30 +252,6 @@ class AdaptiveController:
         draft_s = self.costs.draft_seconds(drafter, self.hints[drafter])
         k = k_for(means, draft_s, prices, self._cap_k(draft_s, prices))
         return (drafter, max(k, self.settings.k_min)) if k else (None, 0)
-
-    def _replay_floor(self, state: _RequestState, request) -> None:
-        """The floor's view of the last step (update left it pending): its arms replayed as
-        far as the tokens decide them, on the request's n-gram index (synced at this decide's
-        look-up)."""
-        emitted, seconds = state.floor_pending
-        state.floor_pending = None
-        state.ngram.sync(request.tokens)  # nothing left to index where the look-up shared it
-        state.floor.observe(request.tokens, emitted, seconds, state.ngram,
-                            self.costs.verify_list(),
-                            self.costs.draft_seconds("ngram", self.hints["ngram"]),
-                            self._floor(request.workload), self.settings.floor_margin)
-
-    def _floor(self, workload: str | None) -> FloorState:
-        key = workload or UNLABELLED
-        floor = self.floors.get(key)
-        if floor is None:
-            floor = self.floors[key] = FloorState()
-        return floor
-
-    @property
-    def floor_steps(self) -> int:
-        """Steps on which the floor chose, over all workloads."""
-        return sum(f.followed for f in self.floors.values())
 
     def _explore(self, state: _RequestState, drafter: str) -> tuple[list, list] | None:
         """The workload's evidence a request's estimates of `drafter` draw with."""
@@ -466,11 +423,6 @@ class AdaptiveController:
                     self._observe(state, drafter, *scored)
                     self._pool(request.workload, drafter, *scored)
             state.looked.clear()
-        if self.use_floor and state.floor is not None and record.batch_size == 1:
-            self._floor(request.workload).followed += state.floor.led
-            # the floor replays its arms at the next decide, once the drafter's own look-up
-            # has indexed these tokens (the step's draft work, not the controller's)
-            state.floor_pending = (record.emitted, record.draft_seconds + record.verify_seconds)
         if request.done:
             self._requests.pop(request.request_id, None)
 

@@ -214,20 +214,16 @@ class CostModel:
     observation over 3x the current prediction (a cold start, a hiccup) is clipped."""
 
     def __init__(self, k_max: int, smoothing: float = 0.1, forgetting: float = 0.98,
-                 warmup: bool = False, stale_after: int = 0):
+                 stale_after: int = 0):
         self.k_max = k_max
         self.smoothing = smoothing
         self.forgetting = forgetting
-        # No lock-in (issue 14). The first forward of each size pays for allocation and
-        # kernel selection, not for the size: with `warmup` it stays out of the fit. And the
-        # line's slope is learnt only from forwards with K > 0: once none has run for
+        # No lock-in (issue 14). The line's slope is learnt only from forwards with K > 0: once none has run for
         # `stale_after` steps (the controller chose plain decoding throughout), the slope is
         # trusted less and less and falls to 0 — the memory-bound prior — over as many steps
         # again, so a slope that one slow early forward made too steep cannot keep K = 0
         # forever: drafting looks cheap again, is tried, and the real slope is measured.
-        self.warmup = warmup
         self.stale_after = stale_after
-        self._warm: set[int] = set()  # forward sizes (K) seen once
         self._since_drafted = 0  # verify forwards since the last one with K > 0
         self.draft: dict[str, float] = {}
         self.prefill: dict[str, float] = {}  # drafter -> seconds per context token at start-up
@@ -268,9 +264,6 @@ class CostModel:
 
     def observe_verify(self, verify_tokens: int, seconds: float) -> None:
         k = verify_tokens - 1
-        if self.warmup and k not in self._warm:
-            self._warm.add(k)
-            return
         if k > 0:
             if self.stale_after and self._since_drafted > self.stale_after:
                 # the first drafted forward after a stale spell: the line is fitted afresh

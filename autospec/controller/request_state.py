@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 
 from autospec.controller.estimates import AcceptanceEstimate
-from autospec.controller.floor import RequestFloor
 from autospec.drafters.ngram import NgramIndex
 from autospec.engine.accept import agreeing_prefix
 
@@ -46,9 +45,6 @@ class _RequestState:
     # [accepted, rejected] x D x k_max: the workload's pooled evidence the drafter-choice
     # draws add (explore_pooled)
     pooled: list | None = None
-    floor: RequestFloor | None = None  # the floor's fixed arms, replayed through this request
-    floor_pending: tuple[int, float] | None = None  # (emitted, seconds) of the last step, for
-    # the floor to replay at the next decide
 
 
 def _score(proposal: list[int], verified: list[int]) -> tuple[int, int]:

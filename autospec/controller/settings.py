@@ -50,21 +50,11 @@ class ControllerSettings:
     seed: int = knob(0, "Thompson sampling's random seed", "int", low=0, tunable=False)
     regimes: bool = knob(True, "keep separate estimates for the steps right after a fully "
                                "accepted draft (acceptance is bursty)", "bool")
-    # no lock-in (issue 14): see CostModel
-    cost_warmup: bool = knob(False, "keep the first forward of each size out of the verify-cost "
-                                    "fit (allocation, not cost)", "bool")
     # 64: the lock-in test recovers in ~110 steps; replay tokens/s on both shipped traces
-    # unchanged (it never fires where the controller drafts). cost_warmup stays off: alone it
-    # does not undo a lock-in, and it cost 1.5-2 % in replay (no live A/B yet)
+    # unchanged (it never fires where the controller drafts)
     cost_stale_steps: int = knob(64, "forwards without a drafted one after which the verify "
                                     "line's slope is trusted less, reaching the flat prior after "
                                     "as many again (0: never)", "int", low=0, high=1024)
-    # issue 14: the floor makes the controller at worst ~margin behind the best fixed n-gram K
-    floor: bool = knob(True, "follow a fixed n-gram K (4, 8, k_max) or plain decoding while it "
-                             "beats the controller's own measured rate by floor_margin "
-                             "(controller/floor.py)", "bool")
-    floor_margin: float = knob(0.05, "how far the controller may trail the best fixed arm "
-                                     "before the floor takes over", "float", low=0, high=1)
     # decide + update must stay <= 1 % of a step (issue 14). Reusing the drafter between full
     # decisions (only K re-chosen, from the means) cost 1-5 % of replayed tokens/s on the
     # shipped traces at 4 and saved little (one rate-table row costs about what six do), so

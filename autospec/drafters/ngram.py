@@ -5,8 +5,8 @@ same answers incrementally for an append-only token list (a request's context on
 a dict from each n-gram to every place it ended, so a proposal costs O(n_max + log hits)
 instead of a scan of the whole context — the controller scores n-gram counterfactually every
 step, so this is on the hot path. Keeping every end (not only the latest) answers for any
-earlier prefix too (`propose(k, at=...)`): the controller's floor replays static n-gram arms
-through the request from one index.
+earlier prefix too (`propose(k, at=...)`): the controller scores a step it looked up late
+(its counterfactual after the first step) from the one index.
 """
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ def _costly_drafter_controller() -> AdaptiveController:
     """n-gram poorer but free, the draft model sure but costing 3 ms a token against a 10 ms
     step: at batch 1 the draft model pays (0.95 tokens for 3 ms of a 10 ms step)."""
     controller = AdaptiveController(ControllerSettings(
-        drafters=("ngram", "draft-model"), thompson=False, floor=False, counterfactual=False,
+        drafters=("ngram", "draft-model"), thompson=False, counterfactual=False,
         prior_means={"ngram": 0.3, "draft-model": 0.95}))
     controller.costs.observe_verify(1, 0.010)
     controller.costs.observe_verify(5, 0.011)
@@ -203,7 +203,7 @@ def test_a_step_cap_bounds_the_batch_s_width():
 
 def test_a_step_cap_bounds_the_controller_s_k_at_batch_1():
     """At batch 1 the cap limits K to the longest step within cap plain steps (the verify
-    line here: 10 ms + 0.5 ms a drafted token), the floor's fixed arms included."""
+    line here: 10 ms + 0.5 ms a drafted token)."""
     period = list(range(100, 140))
     for cap, k_bound in ((0.0, 16), (1.25, 5)):
         controller = AdaptiveController(ControllerSettings(drafters=("ngram",), step_cap=cap))

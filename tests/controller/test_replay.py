@@ -188,7 +188,7 @@ def _replay_digests() -> dict[str, str]:
 PINNED_DIGESTS: dict[str, str] = {
     'mixed.json adaptive': '273f3d71b101d8a2',
     'mixed.json adaptive:policies/default.yaml': '273f3d71b101d8a2',
-    'mixed.json adaptive:policies/mixed.yaml': '0b8eef1493403d43',
+    'mixed.json adaptive:policies/mixed.yaml': '7d413316c4d1e7aa',
     'mixed.json ctl:ema': '04d70a1ae0ffc7ae',
     'mixed.json ctl:fixed:ngram:3': '087b2018e4f735a3',
     'mixed.json ctl:hf-heuristic': 'e414612228efcf5e',
@@ -196,16 +196,16 @@ PINNED_DIGESTS: dict[str, str] = {
     'mixed.json static:ngram:4': '720984396261315b',
     'mixed.json tuned': '64d83eb7078a5e86',
     'mixed.json warm': 'fe96aa45c3bbdef7',
-    'reference.json adaptive': '619945a33c03ef25',
-    'reference.json adaptive:policies/default.yaml': '619945a33c03ef25',
+    'reference.json adaptive': '10d2964d0756670c',
+    'reference.json adaptive:policies/default.yaml': '10d2964d0756670c',
     'reference.json adaptive:policies/mixed.yaml': '8916923a87ed3118',
     'reference.json ctl:ema': 'a00ffbfdf8be5746',
     'reference.json ctl:fixed:ngram:3': '6c61f0b3ffc00233',
     'reference.json ctl:hf-heuristic': '3b19c4c998ae965e',
     'reference.json plain': 'e0807f303b20c56c',
     'reference.json static:ngram:4': '480d67b7c2608bb2',
-    'reference.json tuned': '9906099a7c68a7a2',
-    'reference.json warm': '8c6bcfe26628d541',
+    'reference.json tuned': '0fa2bd3f9e72fd4f',
+    'reference.json warm': 'ab6f39797858b4c8',
 }
 
 

@@ -40,7 +40,7 @@ def test_incremental_index_equals_the_definition_at_every_length(tokens, k, n):
 @given(tokens=st.lists(st.integers(0, 5), min_size=1, max_size=60), k=st.integers(1, 8),
        n=st.tuples(st.integers(1, 3), st.integers(0, 3)))
 def test_one_index_answers_for_every_earlier_prefix(tokens, k, n):
-    """The floor replays static n-gram arms from the controller's one index."""
+    """One index answers for any earlier prefix (the counterfactual scores a step looked up late)."""
     n_min, n_max = n[0], n[0] + n[1]
     index = NgramIndex(n_min, n_max)
     index.sync(tokens)
