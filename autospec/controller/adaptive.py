@@ -316,7 +316,8 @@ class AdaptiveController:
             # batch 1's step; a batch whose cost is not measured yet is priced as a
             # memory-bound forward (a batch step costs what one row's does): a row's share is
             # 1/B of a batch-1 step
-            prices = [v / rows for v in self.costs.step_list()]
+            steps = self.costs.step_list()
+            prices = steps if rows == 1 else [v / rows for v in steps]
         choices = [self._decide_row(request, rows, prices, fitted is not None)
                    for request in requests]
         if fitted is None:

@@ -262,3 +262,18 @@ def test_rows_out_of_slot_order_and_with_gaps_read_the_cache_as_a_view(reference
     assert firsts and all(first is not None for first in firsts)
     for i in (0, 2, 3):
         assert requests[i].output == plain[i]
+
+
+def test_the_early_exit_drafts_its_rows_together_and_stays_lossless(tiny_pair):
+    """The early exit batches its rows (Drafter.batch_drafting) as the draft model does: two
+    early-exit rows beside a plain one, one drafting forward per position for both, each row
+    still its plain decoding (near-tie rule: trained weights)."""
+    prompts = ["def f(x):\n    return x\n" * 2, "import os\n", "x = 1\ny = 2\nx = 1\n"]
+    plain = plain_outputs(tiny_pair, prompts, 16)
+    engine = Engine(tiny_pair, max_batch=3, max_len=128)
+    out = engine.run(jobs(prompts, 16), PerRow([("early-exit", 3), (None, 0), ("early-exit", 2)]))
+    for _, _, margin in divergences(tiny_pair, prompts, [g.token_ids for g in out], plain):
+        assert margin < NEAR_TIE
+    assert "early-exit" in engine.batch_drafting and engine.batch_drafting["early-exit"].forwards > 0
+    assert any(s.drafter == "early-exit" and s.batch_size > 1
+               for g in out for s in g.telemetry.step_records)
