@@ -49,10 +49,10 @@ class StepRecord:
     bytes_moved: int  # target weights + KV read by the verify, + the drafter's reads
     bandwidth_gbs: float  # bytes_moved / (draft + verify seconds), GB/s
     controller_seconds: float = 0.0  # the controller's decide + update for this step
-    # the verify forward this step shared (engine/loop.py): rows in it, tokens over all
-    # rows, and its width (the longest row: every row is padded to it, so the forward computes
-    # batch_size x batch_width positions); a batch-1 step (and a record from before batching)
-    # is 1, verify_tokens, verify_tokens
+    # the verify forward this step shared (engine/loop.py): rows in it, the positions it
+    # computed over all rows (their real tokens: rows of unequal widths are packed; rows x
+    # width where the model cannot pack) and its width (the longest row); a batch-1 step
+    # (and a record from before batching) is 1, verify_tokens, verify_tokens
     batch_size: int = 1
     batch_tokens: int | None = None
     batch_width: int | None = None

@@ -384,7 +384,7 @@ class AdaptiveController:
         state = self._state(request)
         if record.batch_size > 1:
             # a batch's forward: every row reports it, each with 1 / rows of its weight
-            self.batch_cost.observe(record.batch_size, record.batch_size * record.batch_width,
+            self.batch_cost.observe(record.batch_size, record.batch_tokens,
                                     record.verify_seconds, 1.0 / record.batch_size)
             started = getattr(request, "step_started", None)
             if started is not None:

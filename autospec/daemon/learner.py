@@ -56,7 +56,7 @@ class Learner:
         single = [s for s in steps if s.batch_size == 1]
         for s in steps:
             if s.batch_size > 1:
-                self.batch.observe(s.batch_size, s.batch_size * s.batch_width, s.verify_seconds,
+                self.batch.observe(s.batch_size, s.batch_tokens, s.verify_seconds,
                                    1 / s.batch_size)
         self.costs.observe_verify_many([s.verify_tokens for s in single],
                                        [s.verify_seconds for s in single])

@@ -16,8 +16,11 @@ Choices:
 - drafting: a model drafter (draft model, early exit) drafts all its rows in one forward per
   draft position (`Drafter.batch_drafting`); look-up drafters (n-gram, suffix) row by row.
 - a request must fit its row: prompt + max_new_tokens <= max_len, checked when it joins.
+- verify: rows of unequal widths are packed (models/kv.py): the forward computes their real
+  tokens only, so a row that decodes plain beside one that speculates costs one token.
 - telemetry: each row gets its own StepRecord; verify_seconds is the step's verify phase
-  (every row waited for all of it), batch_size and batch_tokens say what the forward held, and
+  (every row waited for all of it), batch_size and batch_tokens say what the forward held
+  (the positions it computed: real tokens packed, rows x width where the model cannot pack), and
   each row is charged 1/batch_size of the weight bytes.
 """
 from __future__ import annotations
@@ -36,7 +39,7 @@ from autospec.drafters.draft_model import DraftRow
 from autospec.engine.accept import accept_rows
 from autospec.engine.request import (Controller, Generation, Job, Proposal, Request, Round,
                                      StaticController, decide_batch)
-from autospec.models.kv import RowCache, cache_kwarg
+from autospec.models.kv import RowCache, cache_kwarg, pack_rows
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import StepRecord, summarise
@@ -59,6 +62,8 @@ class Engine:
         if max_len > models.max_positions:
             raise ValueError(f"max_len {max_len} exceeds the target's {models.max_positions} positions")
         self.cache = RowCache(models.target, max_batch, max_len)
+        # rows of unequal widths verify packed, costing their real tokens (models/kv.py)
+        self.packed = pack_rows(models.target)
         # drafters that draft all their rows of a step at once (the draft model, the early
         # exit), each in a cache of its own, slot for slot: drafter name -> its batch drafting
         # (None: the drafter has none), made the first time a row chooses the drafter
@@ -206,7 +211,9 @@ class Engine:
 
         # 5. record telemetry, tell the drafters
         verify_seconds = time.perf_counter() - t1
-        batch_tokens, width = sum(map(len, inputs)), max(map(len, inputs))
+        # the positions the forward computed: the real tokens packed, rows x width padded
+        width = max(map(len, inputs))
+        batch_tokens = sum(map(len, inputs)) if self.packed else width * len(inputs)
         for rnd, (n_accepted, _), tokens in zip(rounds, results, emitted):
             self.observe(rnd, n_accepted, tokens, verify_seconds, len(rounds), batch_tokens, width)
         return emitted

@@ -22,13 +22,16 @@ over used ones, and on a CPU it is not free.
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from autospec.models.pair import kv_shape
 
@@ -76,6 +79,9 @@ class Bound:
     # tokens written as a slice, the same entries as the indexed write — which made a plain
     # step at batch 1 on the reference pair 11.5 ms a token instead of 10.5 (9 %)
     window: tuple[int, int, int] | None = None
+    # packed: the forward's input is one sequence of the rows' real tokens back to back (no
+    # padding), so the linear layers compute only those; attention unpacks (rows_attention)
+    packed: bool = False
 
     def read(self, store: torch.Tensor) -> torch.Tensor:
         """(B_max, H, L_max, D) -> the forward's rows, (n, H, span, D)."""
@@ -116,6 +122,9 @@ class RowLayer(CacheLayerMixin):
             slot, start, stop = bound.window
             self.keys[slot, :, start:stop] = key_states[0]
             self.values[slot, :, start:stop] = value_states[0]
+        elif bound.packed:  # (1, H, N, D): the rows' real tokens back to back
+            self.keys[bound.write_slot, :, bound.write_pos] = key_states[0].transpose(0, 1)
+            self.values[bound.write_slot, :, bound.write_pos] = value_states[0].transpose(0, 1)
         else:
             self.keys[bound.write_slot, :, bound.write_pos] = key_states.transpose(1, 2)[bound.valid]
             self.values[bound.write_slot, :, bound.write_pos] = value_states.transpose(1, 2)[bound.valid]
@@ -217,12 +226,84 @@ class RowCache(Cache):
             logits = self.forward(model, kwarg, full, [given.get(s, [0]) for s in full],
                                   position_limit, last, **extra)
             return logits[[s - first for s in slots]]
-        width = max(map(len, inputs))
-        input_ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in inputs],
-                                 device=self.device)
-        position_ids, mask = self.bind(slots, [len(ids) for ids in inputs], position_limit)
+        counts = [len(ids) for ids in inputs]
+        width = max(counts)
+        # rows of unequal widths, every position scored: packed, where the model's attention
+        # unpacks (a forward that keeps some positions' logits only stays padded)
+        packed = last is None and not extra and min(counts) < width and packs(model)
+        position_ids, mask = self.bind(slots, counts, position_limit)
+        bound = self.bound
+        if packed:
+            bound.packed = True
+            input_ids = torch.tensor([[t for ids in inputs for t in ids]], device=self.device)
+            position_ids = position_ids[bound.valid][None]
+            flat = bound.valid.flatten().nonzero().squeeze(1)
+            token = _PACKED.set((flat, n, width))
+        else:
+            input_ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in inputs],
+                                     device=self.device)
         try:
-            return cached_forward(model, input_ids, self, kwarg, last, position_ids=position_ids,
-                                  attention_mask=mask, **extra)
+            logits = cached_forward(model, input_ids, self, kwarg, last,
+                                    position_ids=position_ids, attention_mask=mask, **extra)
         finally:
             self.bound = None
+            if packed:
+                _PACKED.reset(token)
+        if not packed:
+            return logits
+        # back to (n, T, V), right-padded; the padding's logits are never read
+        out = logits.new_empty((n * width, logits.shape[-1]))
+        out[flat] = logits[0]
+        return out.view(n, width, -1)
+
+
+# -- packed rows: the linear layers see only the real tokens -------------------------------
+# Rows of a step have their own widths (k_i + 1 tokens: a row that decodes plain feeds one,
+# a row that speculates k feeds k + 1). Right-padded, every row computes the widest row's
+# positions in every projection and MLP; packed, the forward's input is the rows' real tokens
+# back to back, one sequence (1, N), and only attention, which must not mix rows, unpacks the
+# queries into the padded (n, H, T, D) layout against each row's own cache (RowLayer.update
+# returns them per row) and packs the result again. Attention is a small part of a step at
+# these lengths; the MLP is most of it, so a step costs about its real tokens, not n x T —
+# what lets one row speculate while the others decode plain (controller/batch.py).
+ROWS_ATTENTION = "autospec_rows"
+# (flat index of the real tokens in the padded (n * T) layout, n, T) during a packed forward
+_PACKED: contextvars.ContextVar = contextvars.ContextVar("autospec_packed", default=None)
+
+
+def rows_attention(module, query, key, value, attention_mask, **kwargs):
+    """An attention interface (transformers' AttentionInterface): in a packed forward, query
+    (1, H, N, D) is scattered into the rows' padded layout, attended by the model's own
+    attention against key/value (n, H_kv, span, D) under the rows' mask, and gathered back
+    to (1, N, H, D); in any other forward, sdpa as before."""
+    packed = _PACKED.get()
+    attend = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    if packed is None:
+        return attend(module, query, key, value, attention_mask, **kwargs)
+    flat, n, width = packed
+    heads, dim = query.shape[1], query.shape[3]
+    rows = query.new_zeros((n * width, heads, dim))
+    rows[flat] = query[0].transpose(0, 1)
+    out, _ = attend(module, rows.view(n, width, heads, dim).transpose(1, 2), key, value,
+                    attention_mask, **kwargs)
+    return out.reshape(n * width, heads, dim)[flat][None], None
+
+
+AttentionInterface.register(ROWS_ATTENTION, rows_attention)
+
+
+def pack_rows(model) -> bool:
+    """Let RowCache forwards of `model` pack their rows (rows_attention); False, and nothing
+    changed, where its attention is not sdpa (what rows_attention attends with). Forwards
+    outside a RowCache are unchanged: sdpa as before."""
+    config = model.config
+    if config._attn_implementation == ROWS_ATTENTION:
+        return True
+    if config._attn_implementation != "sdpa":
+        return False
+    model.set_attn_implementation(ROWS_ATTENTION)
+    return config._attn_implementation == ROWS_ATTENTION
+
+
+def packs(model) -> bool:
+    return model.config._attn_implementation == ROWS_ATTENTION

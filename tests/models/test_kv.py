@@ -1,0 +1,60 @@
+"""RowCache's packed forward: rows of unequal widths computed as their real tokens only, with
+the logits of the padded forward."""
+import torch
+
+from autospec.engine.loop import Engine
+from autospec.models.kv import ROWS_ATTENTION, RowCache, cache_kwarg, pack_rows, packs
+from conftest import random_llama
+
+WIDTHS = [[7, 8, 9], [11], [12, 13, 14, 15, 16], [17, 18]]
+
+
+def _rows(model, packed: bool):
+    """Four rows at their own lengths, two verify-like forwards of unequal widths: each row's
+    logits (its real tokens), and the tokens the model was fed (a spy on its input_ids)."""
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    kwarg = cache_kwarg(model)
+    model.config._attn_implementation = ROWS_ATTENTION if packed else "sdpa"
+    cache = RowCache(model, 4, 128)
+    out = []
+    try:
+        with torch.inference_mode():
+            for slot, length in enumerate([30, 50, 10, 70]):
+                cache.claim()
+                cache.forward(model, kwarg, [slot], [[t % 32 for t in range(3, 3 + length)]], 128, last=1)
+                cache.lengths[slot] = length
+            for inputs in (WIDTHS, [[1], [2, 3], [4], [5]]):
+                logits = cache.forward(model, kwarg, [0, 1, 2, 3], inputs, 128)
+                out += [logits[i, :len(ids)] for i, ids in enumerate(inputs)]
+                for slot, ids in enumerate(inputs):
+                    cache.lengths[slot] += len(ids)
+    finally:
+        hook.remove()
+    return out, seen[4:]
+
+
+def test_packed_rows_give_the_padded_forwards_logits_from_their_real_tokens_only():
+    model = random_llama(32, seed=3, layers=2)
+    padded, padded_inputs = _rows(model, packed=False)
+    packed, packed_inputs = _rows(model, packed=True)
+    assert padded_inputs == [(4, 5), (4, 2)]
+    assert packed_inputs == [(1, 11), (1, 5)]  # the rows' tokens back to back
+    for a, b in zip(padded, packed):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_an_engine_packs_its_target_and_other_forwards_keep_their_attention(reference_pair):
+    engine = Engine(reference_pair, max_batch=2, max_len=256)
+    assert engine.packed and packs(reference_pair.target)
+    # outside a RowCache forward (transformers' own generate, the hf: peers) the attention is sdpa's
+    ids = torch.tensor([reference_pair.tokenizer.encode("The cat sat on the")])
+    with torch.inference_mode():
+        out = reference_pair.target.generate(ids, max_new_tokens=6, do_sample=False)
+    first = engine.generate(ids[0].tolist(), drafter=None, max_new_tokens=6)
+    assert out[0, ids.shape[1]:].tolist() == first.token_ids
+    # a model whose attention is not sdpa is left as it is (padded forwards)
+    eager = random_llama(32, seed=1)
+    eager.config._attn_implementation = "eager"
+    assert not pack_rows(eager) and eager.config._attn_implementation == "eager"
