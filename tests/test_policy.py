@@ -81,8 +81,8 @@ def test_hash_ignores_form_and_provenance_but_not_values():
     ("schema_version: 1\ncontroller: {discout: 0.9}",
      "controller.discout: unknown field (did you mean 'discount'? accepted: confidence_buckets, "
      "cost_stale_steps, counterfactual, "
-     "discount, explore_pooled, hysteresis, match_regimes, ngram_n, "
-     "prior_discount, prior_strength, redecide_every, regimes, step_cap, thompson)"),
+     "discount, explore_pooled, hysteresis, ngram_n, "
+     "prior_discount, prior_strength, regimes, step_cap, thompson)"),
     ("schema_version: 1\nworkloads: {copy-heavy: {k_max: 100}}",
      "workloads.copy-heavy.k_max: expected an integer in [1, 64], got 100"),
     ("schema_version: 1\nk_max: 4\nworkloads: {copy-heavy: {k_min: 6}}",

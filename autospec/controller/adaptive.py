@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autospec.controller.batch import BatchCost, rows_ks
-from autospec.controller.decide import PLAIN, decide_step, k_for
+from autospec.controller.batch import BatchCost, Prices, batch_ks
+from autospec.controller.decide import PLAIN, choose_drafter
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
 from autospec.controller.request_state import (_RequestState, _score, confidence_bucket,
                                                 pooled_evidence)
@@ -39,9 +39,6 @@ from autospec.telemetry import POOLED, UNLABELLED, StepRecord
 
 MIN_HOT_EVIDENCE = 1.0  # (discounted) drafts after a full accept before that estimate is used
 SWITCH_HORIZON = 8  # rounds over which a drafter's start-up (cache prefill) is spread
-# in a batch a row's drafter is re-chosen in full every 4th step (K every step, for the batch):
-# decide + update per row is what grows with the batch
-BATCH_REDECIDE = 4
 
 
 @dataclass
@@ -140,20 +137,79 @@ class AdaptiveController:
         """(drafter, K) for one request: a batch of one."""
         return self.decide_batch([request])[0]
 
-    def _decide_row(self, request, rows: int, prices: list[float], batch_k: bool
-                    ) -> tuple[str | None, int]:
-        """One row's (drafter, K) in a batch of `rows`, at `prices` (a row's step seconds per
-        K: batch 1's, or its share of the batch step); with `batch_k` the batch re-chooses
-        every row's K afterwards (decide_batch), so only the drafter matters here."""
-        state = self._state(request)
-        names = self.drafters
-        proposal = None
-        if "ngram" in names:
-            # n-gram's proposal is known before deciding (dict look-ups): positions past its
-            # length cannot be drafted, and with no match at all n-gram is no option this step
+    def decide_batch(self, requests) -> list[tuple[str | None, int]]:
+        """(drafter, K) for every row of a step (Engine.advance asks this way), B >= 1 alike:
+        1. each row's look-ups (n-gram's proposal, a peeked one's): how far it can draft;
+        2. each row's drafter at its share of the step (`Prices.shares`), under Thompson
+           draws, with hysteresis;
+        3. every row's K together for the step's goodput (controller/batch.py `batch_ks`):
+           a confident row speculates while the others decode plain; a row whose drafter
+           gets K = 0 there drafts a look-up drafter's proposal where one has any.
+        The prices are the step's at this batch size (`_prices`)."""
+        rows = len(requests)
+        states = [self._state(request) for request in requests]
+        lengths = [self._look_up(state, request) for state, request in zip(states, requests)]
+        if self.costs.observed == 0 and self.batch_cost.observed == 0:
+            # first step of the engine's life: measure a plain step first (n-gram looked up
+            # all the same: its index of the prompt is the drafter's work, and the
+            # counterfactual scores this step from it)
+            return [(None, 0)] * rows
+        prices = self._prices(rows)
+        if prices is None:
+            return [(None, 0)] * rows
+        drafters = [self._choose(state, request, length, prices.shares)
+                    for state, request, length in zip(states, requests, lengths)]
+        cap = self.settings.step_cap
+        # a bounded step: none whose forward and drafting exceed cap x a plain step
+        max_step = cap * prices.step(0) if cap else None
+        ks = self._ks(states, lengths, drafters, prices, max_step)
+        # a row whose drafter does not pay in this step (an exploring draw of a costly
+        # drafter, say) drafts with a look-up drafter that has a proposal (n-gram, suffix:
+        # the first in the policy's order), rather than decoding plain
+        fallback = [d if k or d is None else
+                    next((name for name in self.drafters if length.get(name)), d)
+                    for d, k, length in zip(drafters, ks, lengths)]
+        if fallback != drafters:
+            drafters, ks = fallback, self._ks(states, lengths, fallback, prices, max_step)
+        k_min = self.settings.k_min
+        choices = []
+        for state, drafter, k in zip(states, drafters, ks):
+            if drafter is None or not k:
+                state.current = PLAIN
+                choices.append((None, 0))
+            else:
+                state.current = self.drafters.index(drafter)
+                choices.append((drafter, max(k, k_min)))
+        return choices
+
+    def _prices(self, rows: int) -> Prices | None:
+        """The step's prices at `rows` rows. Batch 1: the measured forward sizes plus the
+        per-step overhead (CostModel.step_list). A batch: the batch line s = a + b B + c P
+        (BatchCost, P the positions computed) plus the per-row overhead, a row's share
+        s(B, B) / B + c k. None (every row plain) until the batch line is measured: plain
+        steps measure it, and a batch priced as one row (a memory-bound guess) drafted
+        where on a CPU it did not pay (SmolLM2, 16 rows: 0.66x plain on a cold start)."""
+        if rows == 1:
+            steps = self.costs.step_list()
+            line = self.costs.line()
+            base, slope = line if line is not None else (steps[0], 0.0)
+            return Prices(1, base + self.costs.overhead, slope, steps, steps)
+        fitted = self.batch_cost.line(self.costs.line())
+        if fitted is None:
+            return None
+        a, b, c = fitted
+        fixed = a + (b + c + self.batch_cost.row_overhead) * rows
+        share = fixed / rows
+        return Prices(rows, fixed, c, [], [share + c * k for k in range(self.settings.k_max + 1)])
+
+    def _look_up(self, state: _RequestState, request) -> dict[str, int]:
+        """Each look-up drafter's proposal length now (n-gram's, the peeked ones'): positions
+        past it cannot be drafted, and with none at all that drafter is no option this step."""
+        lengths = {}
+        if "ngram" in self.drafters:
             proposal = self._lookup(state, request)
             state.proposal = (len(request.tokens), proposal)  # the counterfactual reuses it
-        lengths = {} if proposal is None else {"ngram": len(proposal)}
+            lengths["ngram"] = len(proposal)
         peek = getattr(request, "peek", None)
         if self.peeking and peek is not None:
             for drafter in self.peeking:
@@ -163,35 +219,18 @@ class AdaptiveController:
                     if self.settings.confidence_buckets:
                         state.bucket[drafter] = confidence_bucket(draft)
                     state.looked[drafter] = (len(request.tokens), draft.tokens)
-        state.lengths = lengths
-        if self.costs.observed == 0 and self.batch_cost.observed == 0:
-            # first step of the engine's life: measure a plain step first (n-gram looked up
-            # all the same: its index of the prompt is the drafter's work, and the
-            # counterfactual scores this step from it)
-            return None, 0
-        return self._own(state, request, lengths, rows, prices, batch_k)
+        return lengths
 
-    def _own(self, state: _RequestState, request, lengths: dict[str, int], rows: int,
-             prices: list[float], batch_k: bool) -> tuple[str | None, int]:
-        """The decision from the estimates: the drafter under Thompson draws, its K."""
+    def _choose(self, state: _RequestState, request, lengths: dict[str, int],
+                shares: list[float]) -> str | None:
+        """The row's drafter (None: plain) under Thompson draws at its share of the step."""
         names = self.drafters
-        # between full decisions only K is re-chosen — but never from plain decoding: a row
-        # that went plain for want of a match must see the next match at once (in a batch,
-        # where drafters are re-chosen every BATCH_REDECIDE steps, it sat out three)
-        if state.fast_left > 0 and state.current is not None and state.current != PLAIN:
-            state.fast_left -= 1
-            return self._keep(state, lengths, prices, batch_k)
-        every = self.settings.redecide_every if rows == 1 else max(BATCH_REDECIDE,
-                                                                   self.settings.redecide_every)
-        state.fast_left = every - 1
         # each drafter's per-position Beta parameters, in Python floats (decide.py says why)
         estimates = [self._estimate(state, d) for d in names]
-        # positions each can draft: a look-up's proposal length (none at all: no option)
         k_max = self.settings.k_max
         hints = self.hints
-        steps = prices
         draft_s = [self.costs.draft_seconds(d, hints[d]) for d in names]
-        limits = [min(lengths.get(d, k_max), self._cap_k(d_s, steps))
+        limits = [min(lengths.get(d, k_max), self._cap_k(d_s, shares))
                   for d, d_s in zip(names, draft_s)]
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
         if self.settings.thompson:
@@ -203,14 +242,9 @@ class AdaptiveController:
         context = len(request.tokens)
         switch_s = [0.0 if d in state.used else
                     self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
-        # the drafter under the draws, then its K under the means (decide.py)
-        index, k = decide_step(draws, [e.mean_list() for e in estimates], draft_s,
-                               steps, k_max, state.current,
-                               self.settings.hysteresis, switch_s, limits)
-        state.current = index
-        if index == PLAIN:
-            return None, 0
-        return names[index], max(k, self.settings.k_min)
+        index = choose_drafter(draws, draft_s, shares, limits, state.current,
+                               self.settings.hysteresis, switch_s)
+        return None if index == PLAIN else names[index]
 
     def _lookup(self, state: _RequestState, request) -> list[int]:
         """n-gram's proposal now. Through the engine (`request.peek`) where the request's n-gram
@@ -219,39 +253,16 @@ class AdaptiveController:
         index (a replayed request has no drafters)."""
         peek = getattr(request, "peek", None)
         k_max = self.settings.k_max
-        proposal = None
         if peek is not None:
             draft = peek("ngram", k_max)
             index = getattr(request.drafters.get("ngram"), "index", None)
             if draft is not None and index is not None and \
                     (index.n_min, index.n_max) == tuple(self.settings.ngram_n):
-                state.ngram, proposal = index, draft.tokens  # synced and looked up already
-            else:
-                request.peeked.pop("ngram", None)  # another n: the drafter's look-up is not ours
-        if proposal is None:
-            state.ngram.sync(request.tokens)
-            proposal = state.ngram.propose(k_max)
-        if self.settings.match_regimes:
-            matched = state.ngram.match(k_max)[1]  # the look-up again, only for this knob
-            # the match length is evidence; with the hot regime (after a full accept) beside it
-            hot = self.settings.regimes and state.hot.get("ngram", False)
-            state.bucket["ngram"] = f"{'hot' if hot else 'cold'}-n{matched}"
-        return proposal
-
-    def _keep(self, state: _RequestState, lengths: dict[str, int], prices: list[float],
-              batch_k: bool) -> tuple[str | None, int]:
-        """Between full decisions: the drafter in use, K re-chosen from its posterior means
-        (one row of the rate table), plain decoding where no K pays."""
-        if state.current == PLAIN:
-            return None, 0
-        drafter = self.drafters[state.current]
-        if batch_k:
-            return drafter, 1  # the batch chooses every row's K together (decide_batch)
-        means = self._estimate(state, drafter).mean_list()
-        means = means[:lengths.get(drafter, len(means))]
-        draft_s = self.costs.draft_seconds(drafter, self.hints[drafter])
-        k = k_for(means, draft_s, prices, self._cap_k(draft_s, prices))
-        return (drafter, max(k, self.settings.k_min)) if k else (None, 0)
+                state.ngram = index  # synced and looked up already
+                return draft.tokens
+            request.peeked.pop("ngram", None)  # another n: the drafter's look-up is not ours
+        state.ngram.sync(request.tokens)
+        return state.ngram.propose(k_max)
 
     def _explore(self, state: _RequestState, drafter: str) -> tuple[list, list] | None:
         """The workload's evidence a request's estimates of `drafter` draw with."""
@@ -297,52 +308,6 @@ class AdaptiveController:
             self._regime_estimate(state, drafter, regime).update(proposed, accepted)
         state.hot[drafter] = 0 < accepted == proposed
 
-    def decide_batch(self, requests) -> list[tuple[str | None, int]]:
-        """(drafter, K) for every row of a batch (Engine.advance asks this way): each row's
-        drafter as `_decide_row` chooses it at the row's prices in this batch (`_batch_prices`: its
-        share of the step; drafting stalls every row), then every row's K together for the
-        batch's goodput under the batch cost s(B, W) of a forward padded to its longest row,
-        plus the step's per-row overhead (controller/batch.py) — K = 0 for all where
-        speculation no longer pays; a row whose drafter gets K = 0 there drafts a look-up
-        drafter's proposal where one has any. Until the batch cost is measured, the rows' own
-        K, at the prices of a memory-bound batch."""
-        rows = len(requests)
-        fitted = self.batch_cost.line(self.costs.line()) if rows > 1 else None
-        if fitted is not None:
-            a, b, c = fitted
-            a += rows * self.batch_cost.row_overhead  # paid at every width alike
-            prices = self._batch_prices(rows, a, b, c)
-        else:
-            # batch 1's step; a batch whose cost is not measured yet is priced as a
-            # memory-bound forward (a batch step costs what one row's does): a row's share is
-            # 1/B of a batch-1 step
-            steps = self.costs.step_list()
-            prices = steps if rows == 1 else [v / rows for v in steps]
-        choices = [self._decide_row(request, rows, prices, fitted is not None)
-                   for request in requests]
-        if fitted is None:
-            return choices
-        drafters = [drafter for drafter, _ in choices]
-        cap = self.settings.step_cap
-        # a bounded step: no width whose forward and drafting exceed cap x a plain batch step
-        max_step = cap * (a + (b + c) * rows) if cap else None
-        ks = self._batch_ks(requests, drafters, (a, b, c), max_step)
-        # a row whose drafter does not pay in this batch (an exploring draw of a costly
-        # drafter, say) drafts with a look-up drafter that has a proposal (n-gram, suffix:
-        # the first in the policy's order), rather than decoding plain
-        fallback = [d if k else self._lookup_with_proposal(r) or d
-                    for r, d, k in zip(requests, drafters, ks)]
-        if fallback != drafters:
-            drafters, ks = fallback, self._batch_ks(requests, fallback, (a, b, c), max_step)
-        return [(drafter, max(k, self.settings.k_min)) if drafter and k else (None, 0)
-                for drafter, k in zip(drafters, ks)]
-
-    def _lookup_with_proposal(self, request) -> str | None:
-        """The first of the controller's drafters whose proposal this step was looked up and
-        is not empty (state.lengths holds only look-up drafters'), None if none."""
-        lengths = self._requests[request.request_id].lengths
-        return next((d for d in self.drafters if lengths.get(d)), None)
-
     def _cap_k(self, draft_seconds: float, steps: list[float]) -> int:
         """The longest K whose step (K drafted tokens, a forward of K + 1) is predicted within
         `step_cap` plain steps (k_max without a cap; 0 where even K = 1 is over it)."""
@@ -355,30 +320,20 @@ class AdaptiveController:
             k += 1
         return k
 
-    def _batch_prices(self, rows: int, a: float, b: float, c: float) -> list[float]:
-        """A row of a `rows`-row batch pays its share of the step, s(B, K+1) / B = a / B + b +
-        c (K+1), while a second it spends drafting stalls the whole batch: at the batch's rate
-        R = 1 / share that second costs R of its tokens — what a decision from share prices
-        and drafting seconds as they are compares (the marginal rule of controller/batch.py).
-        A costly drafter, or its first prefill, is priced for the batch it would hold up."""
-        per_row = (a + b * rows) / rows
-        return [per_row + c * (k + 1) for k in range(self.settings.k_max + 1)]
-
-    def _batch_ks(self, requests, drafters: list[str | None], line: tuple[float, float, float],
-                  max_step: float | None) -> list[int]:
-        """Every row's K for the batch's goodput (controller/batch.py), each row drafting with
-        its drafter (None: plain) from its estimate's means, as far as its proposal reaches."""
+    def _ks(self, states: list[_RequestState], lengths: list[dict[str, int]],
+            drafters: list[str | None], prices: Prices, max_step: float | None) -> list[int]:
+        """Every row's K for the step's goodput (batch_ks), each row drafting with its drafter
+        (None: plain) from its estimate's means, as far as its proposal reaches."""
         means, draft_s = [], []
-        for request, drafter in zip(requests, drafters):
+        for state, length, drafter in zip(states, lengths, drafters):
             if drafter is None:
                 means.append([])
                 draft_s.append(0.0)
                 continue
-            state = self._requests[request.request_id]
             row = self._estimate(state, drafter).mean_list()
-            means.append(row[:state.lengths.get(drafter, len(row))])
+            means.append(row[:length.get(drafter, len(row))])
             draft_s.append(self.costs.draft_seconds(drafter, self.hints[drafter]))
-        return rows_ks(means, draft_s, self.settings.k_max, *line, max_step)
+        return batch_ks(means, draft_s, prices, max_step)
 
     def update(self, record: StepRecord, request) -> None:
         state = self._state(request)

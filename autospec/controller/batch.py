@@ -1,119 +1,126 @@
-"""K for every row of a batch at once, from what the batch's forward costs (issue 15).
+"""K for every row of a step at once, from what the step's forward costs (issue 15, 24).
 
 At batch 1 a verify forward is memory-bound: K more tokens cost little, and speculation pays
 from a low acceptance. In a full batch the forward is compute-bound: drafted tokens cost,
 and the same acceptance no longer pays (vLLM measured +23 % at batch 1 and -16 % at batch 32
-at a flat acceptance). So K is chosen for the batch's goodput — its tokens per second — not
-for each row alone. The forward pads every row to the longest (engine/loop.py), so what it
-computes is B rows x W positions, W = 1 + the largest K of any row:
+at a flat acceptance). So K is chosen for the step's goodput — its tokens per second — not
+for each row alone. Rows of unequal widths verify packed (models/kv.py): the forward
+computes every row's real tokens and no padding, so a drafted token costs the same whichever
+row drafts it, and a confident row can speculate while the others decode plain:
 
-    step seconds   s(B, W) = a + b B + c B W + o B   (a, b, c fitted online from the batch
-                                                  forwards: BatchCost, with P = B W the padded
-                                                  size; o the per-row overhead outside them)
-    goodput        (B + sum_i E_i(K_i)) / (s(B, 1 + max_i K_i) + sum_i d_i K_i)
+    step seconds   s(X)     the forward over B + X tokens (X drafted over all rows), the
+                            per-step overhead in (`Prices`: batch 1's measured sizes, or the
+                            batch line a + b B + c (B + X) + o B of `BatchCost`)
+    goodput        (B + sum_i E_i(K_i)) / (s(sum_i K_i) + sum_i d_i K_i)
 
-with E_i(K) = sum_{j<K} prod_{l<=j} alpha_il the expected accepted tokens of row i and d_i its
-drafter's seconds per drafted token. One long draft makes every row's slot that long, so the
-choice is a width: for each W, every row drafts what pays within it — a prefix of its
-positions, since a token's gain prod_{l<=j} alpha_il falls with j while its price d_i does not:
-all W - 1 for a free look-up drafter, fewer where drafting costs — and the best W wins.
-Dinkelbach's iteration on the goodput R (a token is taken where its gain beats R d_i; R is
-recomputed) ends in a few rounds, every width priced at once in each (`goodput_ks`). W = 1
-(K = 0 for every row) when no draft pays for its padding.
+with E_i(K) = sum_{j<K} g_ij, g_ij = prod_{l<=j} alpha_il the chance row i's (j+1)-th drafted
+token is kept, and d_i its drafter's seconds per drafted token. At a goodput R a token is
+worth g_ij - R d_i; those fall along a row, so the best X tokens are the X best of them
+(each row's a prefix of its positions), and the best X is the best ratio among those
+prefixes; R is recomputed from it until it holds (Dinkelbach's iteration on the ratio), a few
+rounds. At batch 1 this is the best K of one row against its measured forward sizes; X = 0
+(plain for every row) where no draft pays for its forward.
 
-The same marginal rule prices each row's drafter choice in a batch (adaptive.decide_batch): a
-row pays its share s / B of the step, and a second of its drafting stalls every row.
+The same step prices each row's drafter choice (adaptive.decide_batch): a row pays its share
+of the step, s / B, and a drafted token's price c.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from autospec.controller.estimates import RunningMedian
 
 MIN_BATCH_STEPS = 4.0  # (weighted) batch steps observed before the batch line is trusted
+# the weight of BatchCost's b = 0 prior, per anchor weight: any positive weight settles b where
+# the steps leave it open (all plain, one batch size); this small, it moves a plane that
+# the steps determine by under 1 % (tests/controller/test_controller_batch.py)
+B_PRIOR = 0.01
 
 
-def goodput_ks(gains: list[list[float]], draft_seconds: list[float], k_max: int, a: float,
-               b: float, c: float, rounds: int = 6,
-               max_seconds: float | None = None) -> list[int]:
-    """K per row maximising the batch's goodput (see the module docstring), in Python floats
-    (it runs once a step: numpy's per-call cost was most of its time).
+@dataclass(frozen=True)
+class Prices:
+    """What a step of `rows` rows costs, as a decision reads it: `step(x)` the seconds of its
+    forward over rows + x tokens, drafting aside — `table[x]` where the size was measured
+    (batch 1: CostModel's per-size means), else fixed + per_token x — and `shares[k]` a row's
+    part of a step in which it drafts k tokens (batch 1: the step itself), what its drafter
+    choice compares."""
+    rows: int
+    fixed: float
+    per_token: float
+    table: list[float]
+    shares: list[float]
 
-    gains: per row, the expected extra tokens of its (j+1)-th drafted token, falling in j, as
-    far as it can draft (a 0 ends it); draft_seconds: per row, what a drafted token costs its
-    drafter; a, b, c: the step's cost s = a + b B + c B W. Every round: each row's free length
-    (the prefix of its gains that beat R d_i), then every width's tokens and seconds at once —
-    a row adds its running sum up to its free length and stays at it beyond (a running tail) —
-    O(rows x free length + K_max). max_seconds: no width whose step (forward and drafting) is
-    predicted longer is chosen (a latency bound; width 1, K = 0 for all, always stays)."""
-    n = len(gains)
-    forward = [a + b * n + c * n * (w + 1) for w in range(k_max + 1)]
-    cums = []
-    for row in gains:
-        cum, total = [0.0], 0.0
-        for g in row[:k_max]:
-            total += g
-            cum.append(total)
-        cums.append(cum)
-    rate = n / forward[0]
-    best = [0] * n
-    for _ in range(rounds):
-        frees = []
-        for row, d in zip(gains, draft_seconds):
-            price, free = rate * d, 0
-            for g in row[:k_max]:
-                if g <= price:
-                    break
-                free += 1
-            frees.append(free)
-        top = max(frees)
-        tokens = [float(n)] * (top + 1)
-        seconds = forward[:top + 1]
-        tail_tokens = [0.0] * (top + 2)
-        tail_seconds = [0.0] * (top + 2)
-        for cum, d, free in zip(cums, draft_seconds, frees):
-            for w in range(1, free):  # widths below the row's free length: it drafts w
-                tokens[w] += cum[w]
-                seconds[w] += d * w
-            tail_tokens[free] += cum[free]  # from its free length on: it drafts all of it
-            tail_seconds[free] += d * free
-        run_tokens = run_seconds = 0.0
-        width, new_rate = 0, -1.0
-        for w in range(top + 1):
-            run_tokens += tail_tokens[w]
-            run_seconds += tail_seconds[w]
-            step = seconds[w] + run_seconds
-            if w and max_seconds is not None and step > max_seconds:
-                break  # wider steps only take longer
-            goodput = (tokens[w] + run_tokens) / step
-            if goodput > new_rate:
-                width, new_rate = w, goodput
-        best = [min(free, width) for free in frees]
-        if abs(new_rate - rate) <= 1e-9 * rate:
-            break
-        rate = new_rate
-    return best
+    def step(self, drafted: int) -> float:
+        if drafted < len(self.table):
+            return self.table[drafted]
+        return self.fixed + self.per_token * drafted
 
 
-def rows_ks(means: list[list[float]], draft_seconds: list[float], k_max: int, a: float,
-            b: float, c: float, max_seconds: float | None = None) -> list[int]:
-    """`goodput_ks` from each row's per-position acceptance means (a row that does not draft:
-    []; a look-up's row as far as its proposal): the gains are their running products."""
+def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Prices,
+             max_seconds: float | None = None, rounds: int = 8) -> list[int]:
+    """K per row maximising the step's goodput (the module docstring), in Python floats (it
+    runs once a step: numpy's per-call cost was most of its time).
+
+    means: per row, its drafter's per-position acceptance means as far as it may draft (a row
+    that does not draft: []); draft_seconds: per row, a drafted token's cost to its drafter.
+    max_seconds: no step (forward and drafting) predicted longer is chosen (a latency bound;
+    plain for every row always stays)."""
+    n = len(means)
     gains = []
     for row in means:
         gain, running = [], 1.0
-        for alpha in row[:k_max]:
+        for alpha in row:
             running *= alpha
             if running <= 0.0:
                 break
             gain.append(running)
         gains.append(gain)
-    return goodput_ks(gains, draft_seconds, k_max, a, b, c, max_seconds=max_seconds)
+    step = prices.step
+    rate = n / step(0)
+    best: list[tuple] = []
+    for _ in range(rounds):
+        # every token worth drafting at this rate, best first (within a row in order: its
+        # worth falls along it, and the sort is stable)
+        tokens = []
+        for i, (row, d) in enumerate(zip(gains, draft_seconds)):
+            price = rate * d
+            for g in row:
+                if g <= price:
+                    break
+                tokens.append((g - price, g, d, i))
+        tokens.sort(key=lambda t: -t[0])
+        kept, gained, drafting, new_rate = 0, 0.0, 0.0, n / step(0)
+        for x, (_, g, d, _) in enumerate(tokens, start=1):
+            gained += g
+            drafting += d
+            seconds = step(x) + drafting
+            if max_seconds is not None and seconds > max_seconds:
+                continue
+            goodput = (n + gained) / seconds
+            if goodput > new_rate:
+                kept, new_rate = x, goodput
+        chosen = tokens[:kept]
+        if chosen == best or abs(new_rate - rate) <= 1e-12 * rate:
+            best = chosen
+            break
+        best, rate = chosen, new_rate
+    ks = [0] * n
+    for *_, i in best:
+        ks[i] += 1
+    return ks
 
 
 class BatchCost:
-    """s(B, P) = a + b B + c P (P = B W, the padded positions the forward computes) by
-    discounted least squares over batch steps, ridge-anchored at batch 1 on the single-row
-    verify line (CostModel), which a batch-1 run measures anyway: with every batch of one
-    size, B and the constant could not be told apart otherwise."""
+    """s(B, P) = a + b B + c P (P the positions the forward computes: its real tokens, rows
+    packed) by discounted least squares over batch steps, anchored at batch 1 on the
+    single-row line's plain forward v(0) (CostModel, which a batch-1 run measures anyway) and
+    drawn towards b = 0: a row's plain token is priced as a drafted one until steps of other
+    widths tell them apart. With every step plain and of one size, the constant, B and P
+    could not be told apart otherwise; the prior that a drafted token costs what a row's
+    plain token does (the rise from v(0) to a plain step of B rows, per row) is right where
+    the forward is compute-bound (a CPU: 16 plain rows cost 2.4x one row on SmolLM2) and
+    small where it is memory-bound (a GPU's batch costs about one row's), and the drafted
+    steps it allows measure c itself."""
 
     def __init__(self, forgetting: float = 0.98, anchor_weight: float = 4.0):
         self.forgetting = forgetting
@@ -177,9 +184,9 @@ class BatchCost:
         return self
 
     def line(self, anchor: tuple[float, float] | None) -> tuple[float, float, float] | None:
-        """(a, b, c), with batch 1 anchored to the single-row line v(K) = base + slope K
-        (`anchor`, CostModel.line()); without one (a server that never ran a batch of one),
-        b = 0 and s = a + c P. None before MIN_BATCH_STEPS batch steps. Kept until the next
+        """(a, b, c), with batch 1 anchored to the single-row line's v(0) (`anchor`,
+        CostModel.line(): base, slope) and b drawn to 0; without one (a server that never ran
+        a batch of one), b = 0 and s = a + c P. None before MIN_BATCH_STEPS batch steps. Kept until the next
         observation (every row of a batch asks)."""
         if self.observed < MIN_BATCH_STEPS:
             return None
@@ -191,14 +198,16 @@ class BatchCost:
             a, c = _solve([[xtx[0][0], xtx[0][2]], [xtx[2][0], xtx[2][2]]], [xty[0], xty[2]])
             fitted = (a, 0.0, max(c, 0.0))
         else:
-            base, slope = anchor
+            base, _ = anchor
             w = self.anchor_weight
-            for k in (0.0, 8.0):  # v(0) and v(8) of the single-row line, at B = 1, P = K + 1
-                x = (1.0, 1.0, k + 1)
-                for i in range(3):
-                    for j in range(3):
-                        xtx[i][j] += w * x[i] * x[j]
-                    xty[i] += w * (base + slope * k) * x[i]
+            rows = xtx[0][1] / xtx[0][0]  # the batch steps' mean size
+            x = (1.0, 1.0, 1.0)  # v(0) of the single-row line: B = 1, P = 1
+            for i in range(3):
+                for j in range(3):
+                    xtx[i][j] += w * x[i] * x[j]
+                xty[i] += w * base * x[i]
+            # b = 0 (the prior above): weak, so it decides only what the steps leave open
+            xtx[1][1] += B_PRIOR * w * rows * rows
             a, b, c = _solve(xtx, xty)
             fitted = (a, b, max(c, 0.0))
         self._line = (anchor, fitted)

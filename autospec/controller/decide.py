@@ -57,7 +57,8 @@ def choose_drafter(draws, draft_seconds: list[float], verify: list[float], limit
 
 def decide_step(draws, means, draft_seconds, verify_seconds, k_limit: int, current: int | None,
                 hysteresis: float, switch_seconds=None, available=None) -> tuple[int, int]:
-    """One step's decision over D drafters, as (drafter index or PLAIN, k).
+    """One row's decision over D drafters, as (drafter index or PLAIN, k): what
+    AdaptiveController.decide_batch does for a batch of one, on arrays.
 
     draws: (D, K_max) acceptance drawn from each drafter's posterior (Thompson), or the means;
     means: (D, K_max) posterior means; draft_seconds: (D,) per drafted token;
@@ -69,7 +70,8 @@ def decide_step(draws, means, draft_seconds, verify_seconds, k_limit: int, curre
     1. the drafter: the best expected rate under the draws, plain decoding included;
     2. hysteresis: keep `current` while its best rate is within `hysteresis` of the winner's;
     3. K for that drafter from the means (changing K costs nothing: no exploration there),
-       or plain decoding when no K beats it."""
+       the step's goodput optimum (batch.batch_ks), or plain decoding when no K beats it."""
+    from autospec.controller.batch import Prices, batch_ks
     verify = _floats(verify_seconds)
     draft_seconds = _floats(draft_seconds)
     d = len(draft_seconds)
@@ -82,13 +84,6 @@ def decide_step(draws, means, draft_seconds, verify_seconds, k_limit: int, curre
     winner = choose_drafter(draws, draft_seconds, verify, limits, current, hysteresis, switch)
     if winner == PLAIN:
         return PLAIN, 0
-    k = k_for(_floats(means[winner])[:limits[winner]], draft_seconds[winner], verify, k_limit)
+    prices = Prices(1, verify[0], 0.0, verify, verify)
+    k = batch_ks([_floats(means[winner])[:limits[winner]]], [draft_seconds[winner]], prices)[0]
     return (winner, k) if k else (PLAIN, 0)
-
-
-def k_for(means, draft_seconds: float, verify_seconds, k_limit: int) -> int:
-    """The best K for one drafter under its posterior means (0: plain decoding pays more)."""
-    verify = _floats(verify_seconds)
-    means = _floats(means)
-    rate, k = best_k(means, draft_seconds, verify, min(k_limit, len(verify) - 1, len(means)))
-    return k if rate > 1.0 / verify[0] else 0

@@ -31,15 +31,13 @@ class _RequestState:
     tokens per second; where acceptance is not bursty both converge to the same rates."""
     acceptance: dict[tuple[str, bool], AcceptanceEstimate]  # (drafter, hot) -> estimate
     hot: dict[str, bool] = field(default_factory=dict)  # drafter -> last draft fully accepted
-    current: int | None = None  # decide_step's drafter index last chosen (PLAIN = none)
+    current: int | None = None  # the drafter index last chosen (PLAIN = none)
     used: set = field(default_factory=set)  # drafters that have run in this request
     ngram: NgramIndex | None = None  # the request's context, indexed for counterfactuals
     proposal: tuple[int, list[int]] = (-1, [])  # (context length, n-gram proposal) at decide
-    fast_left: int = 0  # steps left before the next full decision
     # drafter -> the confidence bucket of its proposal this step (look-up drafters whose
     # drafts carry confidences: the suffix drafter); its estimates are kept per bucket
     bucket: dict[str, str] = field(default_factory=dict)
-    lengths: dict[str, int] = field(default_factory=dict)  # look-up proposals' lengths at decide
     looked: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # peeked drafter ->
     # (context length, its proposal) at decide, scored counterfactually when another ran
     # [accepted, rejected] x D x k_max: the workload's pooled evidence the drafter-choice

@@ -55,20 +55,10 @@ class ControllerSettings:
     cost_stale_steps: int = knob(64, "forwards without a drafted one after which the verify "
                                     "line's slope is trusted less, reaching the flat prior after "
                                     "as many again (0: never)", "int", low=0, high=1024)
-    # decide + update must stay <= 1 % of a step (issue 14). Reusing the drafter between full
-    # decisions (only K re-chosen, from the means) cost 1-5 % of replayed tokens/s on the
-    # shipped traces at 4 and saved little (one rate-table row costs about what six do), so
-    # the default decides in full every step; the knob stays for very short steps
-    redecide_every: int = knob(1, "steps between full drafter decisions; in between only K is "
-                                  "re-chosen for the drafter in use", "int", low=1, high=64)
     # issue 16: the suffix drafter's counts as evidence (shown with and without in docs/benchmarks.md)
     confidence_buckets: bool = knob(True, "keep a look-up drafter's acceptance per confidence "
                                           "bucket of its proposal (suffix: < 0.5, < 0.9, above)",
                                     "bool")
-    # issue 14, "K for bursts": how long the suffix that matched is, is evidence too
-    match_regimes: bool = knob(False, "keep n-gram's acceptance per length of the matched "
-                                     "suffix (and hot / cold), not over all its steps",
-                               "bool")
     # issue 14: on held-out prompts 20 % of steps went to draft-model / early-exit draws that
     # the workload had long shown not to pay (a request's own posterior starts wide)
     explore_pooled: float = knob(32.0, "observations of the workload's pooled evidence (at most) "

@@ -230,9 +230,8 @@ def test_lazy_discount_equals_the_discounted_counts():
 
 
 def test_python_decision_agrees_with_the_rate_table():
-    """decide.py's loops (Python floats, stopping at negligible survival) choose what the
-    array formula's argmax chooses, on random drafters, costs and proposal lengths."""
-    from autospec.controller.decide import k_for
+    """decide.py's loops and batch_ks at one row (Python floats) choose what the array
+    formula's argmax chooses, on random drafters, costs and proposal lengths."""
     from autospec.controller.formulas import rate_table
     rng = np.random.default_rng(1)
     for _ in range(200):
@@ -250,4 +249,3 @@ def test_python_decision_agrees_with_the_rate_table():
         assert winner == int(np.argmax(rates))
         # the loop stops at survival < 1e-6: a K past that gains under a millionth of a token
         assert table[winner, k] == pytest.approx(table[winner, best[winner]], rel=1e-5)
-        assert k_for(alphas[winner], draft_s[winner], verify, 16) == k

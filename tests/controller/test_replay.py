@@ -186,16 +186,16 @@ def _replay_digests() -> dict[str, str]:
 
 
 PINNED_DIGESTS: dict[str, str] = {
-    'mixed.json adaptive': '273f3d71b101d8a2',
-    'mixed.json adaptive:policies/default.yaml': '273f3d71b101d8a2',
+    'mixed.json adaptive': '3a76c5b2fe873ae4',
+    'mixed.json adaptive:policies/default.yaml': '3a76c5b2fe873ae4',
     'mixed.json adaptive:policies/mixed.yaml': '7d413316c4d1e7aa',
     'mixed.json ctl:ema': '04d70a1ae0ffc7ae',
     'mixed.json ctl:fixed:ngram:3': '087b2018e4f735a3',
     'mixed.json ctl:hf-heuristic': 'e414612228efcf5e',
     'mixed.json plain': '0c697110916a5d3f',
     'mixed.json static:ngram:4': '720984396261315b',
-    'mixed.json tuned': '64d83eb7078a5e86',
-    'mixed.json warm': 'fe96aa45c3bbdef7',
+    'mixed.json tuned': 'ce4b2ef5fdc946be',
+    'mixed.json warm': 'a5cdc433e6cab5ce',
     'reference.json adaptive': '10d2964d0756670c',
     'reference.json adaptive:policies/default.yaml': '10d2964d0756670c',
     'reference.json adaptive:policies/mixed.yaml': '8916923a87ed3118',
