@@ -27,6 +27,17 @@ def _levels(ctx, param, value: str | None) -> list[int] | None:
         raise click.BadParameter(str(exc)) from None
 
 
+def _schedule(ctx, param, value: str | None):
+    """--arrivals' schedule, or click's error naming the bad entry."""
+    if value is None:
+        return None
+    from autospec.bench.arrivals import parse_schedule
+    try:
+        return parse_schedule(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command()
 @click.option("--methods", default=DEFAULT_METHODS, show_default=True,
               help="Comma-separated: plain, static:DRAFTER:K, hf:generate, hf:assisted[:K], "
@@ -55,14 +66,21 @@ def _levels(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With --concurrency: write a PNG of throughput and inter-token latency "
                    "(p50, p99 dashed) against concurrency, one line per method.")
+@click.option("--arrivals", "schedule", default=None, callback=_schedule, metavar="SCHEDULE",
+              help="Also run each method under open-loop load: RATE:SECONDS,... (requests per "
+                   "second for so many seconds, Poisson from --seed; e.g. 0.2:60,2:60,0.2:60) "
+                   "or @FILE (send times in seconds, one per line). Per phase and overall: "
+                   "throughput, TTFT, ITL, queue wait, completed, refused; the JSON's arrivals.")
+@click.option("--rows", default=16, show_default=True, type=click.IntRange(min=1),
+              help="With --arrivals: the engine's rows (requests decoded at once; the rest queue).")
 @pair_option
 @target_option
 @draft_option
 @dtype_option
 @drafter_options_option
 def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, limit, json_path,
-          record_path, record_k_max, concurrency, plot_path, pair, target, draft, dtype,
-          drafter_options):
+          record_path, record_k_max, concurrency, plot_path, schedule, rows, pair, target, draft,
+          dtype, drafter_options):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
     from autospec.bench.harness import load_prompts, run_bench
     from autospec.bench.table import format_table
@@ -101,12 +119,20 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
             report["settings"]["concurrency"] = concurrency
             report["settings"]["not_under_load"] = [m.spec for m in method_list
                                                     if not runs_under_load(m)]
+        if schedule:
+            from autospec.bench.arrivals import run_arrivals
+            report["arrivals"] = run_arrivals(engine, prompts, method_list, schedule, rows,
+                                              max_new_tokens, temperature, seed,
+                                              progress=lambda m: click.echo(m, err=True))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_table(report))
     if concurrency:
         from autospec.bench.load import format_load_table
         click.echo("\n" + format_load_table(report["by_concurrency"]))
+    if schedule:
+        from autospec.bench.arrivals import format_arrivals_table
+        click.echo("\n" + format_arrivals_table(report["arrivals"]))
     measured = report["measured"]
     click.echo(f"\nv(K) = {json.dumps({k: round(v, 3) for k, v in measured['v'].items()})}")
     click.echo(f"c    = {json.dumps({k: round(v, 3) for k, v in measured['c'].items()})}")

@@ -1,14 +1,13 @@
 """The speculative decoding engine: propose -> verify -> accept -> roll back -> observe.
 
 One engine, one step. Every request holds a row of one preallocated KV cache (RowCache,
-models/kv.py: a length per row, roll-back = setting it, as gpt-fast does), and every
-step advances all the rows it is given in ONE target forward: row i feeds its
-[newest token] + draft (k_i + 1 tokens, k_i = 0 is plain decoding), right-padded to the widest
-row. One request is a batch of one; `generate` is the loop over one row, `run` the closed loop
-over many, a server's decode thread calls `advance` — the same step underneath.
-
-Which drafter and which k are *arguments* of the step; a Controller (static here, the adaptive
-one in autospec/controller/) decides them between steps (`advance`).
+models/kv.py: a length per row, roll-back = setting it, as gpt-fast does), and every step
+advances all the rows it is given in ONE target forward: row i feeds its [newest token] +
+draft (k_i + 1 tokens, k_i = 0 is plain decoding); rows of unequal widths are packed, so the
+forward computes their real tokens only. One request is a batch of one; `generate` is the
+loop over one row, `run` the loop over many (closed: N clients; open: requests sent at given
+times), a server's decode thread calls `advance` — the same step underneath. Which drafter
+and which k are *arguments* of the step; a Controller decides them between steps.
 
 Choices:
 - a joining request is prefilled by a forward of its own (batch 1, into its row): simplest
@@ -16,12 +15,9 @@ Choices:
 - drafting: a model drafter (draft model, early exit) drafts all its rows in one forward per
   draft position (`Drafter.batch_drafting`); look-up drafters (n-gram, suffix) row by row.
 - a request must fit its row: prompt + max_new_tokens <= max_len, checked when it joins.
-- verify: rows of unequal widths are packed (models/kv.py): the forward computes their real
-  tokens only, so a row that decodes plain beside one that speculates costs one token.
-- telemetry: each row gets its own StepRecord; verify_seconds is the step's verify phase
-  (every row waited for all of it), batch_size and batch_tokens say what the forward held
-  (the positions it computed: real tokens packed, rows x width where the model cannot pack), and
-  each row is charged 1/batch_size of the weight bytes.
+- telemetry: a StepRecord per row; verify_seconds is the step's verify phase (every row
+  waited for all of it), batch_tokens the positions the forward computed (real tokens packed,
+  rows x width where the model cannot pack); each row is charged 1/batch_size of the weights.
 """
 from __future__ import annotations
 
@@ -103,8 +99,7 @@ class Engine:
 
     @torch.inference_mode()
     def prefill(self, request: Request) -> None:
-        """Check the request fits a row, take the lowest free one, prefill all the request's
-        tokens but the last into it (a forward of its own)."""
+        """Check it fits a row, take the lowest free one, prefill all its tokens but the last."""
         need = request.prompt_len + request.max_new_tokens
         if need > self.cache.max_len:
             raise ValueError(f"request needs {need} positions (prompt {request.prompt_len} + "
@@ -161,17 +156,9 @@ class Engine:
             request.drafters[name] = create_drafter(name, self.models, **options.get(name, {}))
         return request.drafters[name]
 
-    def check_drafter(self, drafter: str, k: int) -> None:
-        """Fail before any work on an unknown drafter or k <= 0 (k = 0 means drafter=None)."""
-        drafter_class(drafter)
-        if k <= 0:
-            raise ValueError(f"k must be >= 1 with drafter '{drafter}', got {k} "
-                             f"(for plain decoding pass drafter=None)")
-
     # -- the step -------------------------------------------------------------------------
     def step(self, request: Request, drafter_name: str | None, k: int) -> list[int]:
-        """One speculative round for one request (a batch of one): the tokens appended."""
-        return self.step_batch([(request, drafter_name, k)])[0]
+        return self.step_batch([(request, drafter_name, k)])[0]  # a batch of one
 
     @torch.inference_mode()
     def step_batch(self, decisions: Sequence[tuple[Request, str | None, int]]) -> list[list[int]]:
@@ -207,7 +194,8 @@ class Engine:
         for rnd, (n_accepted, next_token) in zip(rounds, results):
             # 4. roll back: the row's length is its context (all but next_token)
             self.cache.lengths[rnd.request.slot] = rnd.context + 1 + n_accepted
-            emitted.append(self._append(rnd.request, rnd.draft_tokens[:n_accepted] + [next_token]))
+            emitted.append(rnd.request.append(rnd.draft_tokens[:n_accepted] + [next_token], self.eos_ids,
+                                               self.max_positions))
 
         # 5. record telemetry, tell the drafters
         verify_seconds = time.perf_counter() - t1
@@ -218,18 +206,12 @@ class Engine:
             self.observe(rnd, n_accepted, tokens, verify_seconds, len(rounds), batch_tokens, width)
         return emitted
 
-    def clamp_k(self, request: Request, k: int) -> int:
-        """k cut to what the request may still emit (the target adds one) and still fits."""
-        room = min(request.max_new_tokens - len(request.output) - 1,
-                   self.max_positions - len(request.tokens) - 1)
-        return max(0, min(k, room))
-
     def propose(self, request: Request, drafter_name: str | None, k: int) -> Round:
         """Step 1 for one row: clamp k, ask the drafter (or take its peeked draft), time it."""
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
         context = len(request.tokens) - 1  # tokens in the target's cache row
-        k = self.clamp_k(request, k) if drafter_name else 0
+        k = request.clamp(k, self.max_positions) if drafter_name else 0
         t0 = time.perf_counter()
         drafter = self.drafter_for(request, drafter_name) if k else None
         peeked = request.peeked.pop(drafter_name, None) if drafter else None
@@ -252,8 +234,7 @@ class Engine:
     def observe(self, rnd: Round, accepted: int, emitted: list[int], verify_seconds: float,
                 batch_size: int = 1, batch_tokens: int | None = None,
                 batch_width: int | None = None) -> StepRecord:
-        """Step 5 for one row: its StepRecord, and the drafter told what was kept. The weights
-        are read once for all rows of the forward: each row is charged its share."""
+        """Step 5 for one row: its StepRecord (a share of the weights' bytes), the drafter told."""
         request = rnd.request
         verify_tokens = len(rnd.draft_tokens) + 1
         moved = (self.target_weight_bytes // batch_size + self.target_kv_bytes * rnd.context
@@ -274,21 +255,6 @@ class Engine:
     def _context(self, request: Request) -> DraftContext:
         return DraftContext(request.tokens, request.sampling, request.generator, request.prompt_len)
 
-    def _append(self, request: Request, tokens: list[int]) -> list[int]:
-        """Append tokens one by one, honouring EOS, max_new_tokens and the position limit."""
-        emitted = []
-        for token in tokens:
-            request.tokens.append(token)
-            emitted.append(token)
-            if token in self.eos_ids:
-                request.finish_reason = "stop"
-            elif (len(request.output) >= request.max_new_tokens
-                  or len(request.tokens) >= self.max_positions):
-                request.finish_reason = "length"
-            if request.done:
-                break
-        return emitted
-
     def _draft_batched(self, decisions: Sequence[tuple[Request, str | None, int]]) -> None:
         """The drafts of every row whose drafter drafts in batches (`Drafter.batch_drafting`),
         one batched drafting per such drafter; each row's draft is left where `propose` takes
@@ -296,7 +262,7 @@ class Engine:
         (every row waited for all of it)."""
         chosen: dict[str, list[tuple[Request, int]]] = {}
         for request, name, k in decisions:
-            k = self.clamp_k(request, k) if name else 0
+            k = request.clamp(k, self.max_positions) if name else 0
             if k > 0:
                 chosen.setdefault(name, []).append((request, k))
         for name, picks in chosen.items():
@@ -356,7 +322,10 @@ class Engine:
         (drafter, k)."""
         if controller is None:
             if drafter is not None:
-                self.check_drafter(drafter, k)
+                drafter_class(drafter)  # unknown names fail before any work
+                if k <= 0:
+                    raise ValueError(f"k must be >= 1 with drafter '{drafter}', got {k} "
+                                     f"(for plain decoding pass drafter=None)")
             controller = StaticController(drafter, k)
         sampling = SamplingParams(temperature, top_k, top_p)
         request = self.start(prompt, max_new_tokens, sampling, seed, workload=workload)
@@ -372,10 +341,15 @@ class Engine:
 
     def run(self, jobs: Iterable[Job], controller: Controller | None = None,
             max_batch: int | None = None,
-            on_tokens: Callable[[Request, list[int]], None] | None = None) -> list[Generation]:
-        """Continuous batching over `jobs` in order, up to max_batch rows (default: all): a
-        closed loop of max_batch clients, each sending its next job when its last one ends (a
-        request's `started`, hence its TTFT, is then). The generations, in job order."""
+            on_tokens: Callable[[Request, list[int]], None] | None = None,
+            arrivals: Sequence[float] | None = None,
+            on_refused: Callable[[int, str], None] | None = None) -> list[Generation | None]:
+        """Continuous batching over `jobs` in order, up to max_batch rows (default: all), the
+        generations in job order. Closed loop (no `arrivals`): max_batch clients, each sending
+        its next job when its last one ends; a job that cannot start (too long) ends the run.
+        Open loop: job i is sent `arrivals[i]` s after the start and queues for a row
+        (Request.queue_seconds); one that cannot start is refused (`on_refused(i, why)`, its
+        generation None). A request's `started`, hence its TTFT, is when it was sent."""
         max_batch = self.max_batch if max_batch is None else max_batch
         if not 1 <= max_batch <= self.max_batch:
             raise ValueError(f"max_batch must be in 1..{self.max_batch} (the cache's rows), "
@@ -383,16 +357,35 @@ class Engine:
         controller = controller or StaticController(None, 0)
         pending = deque(enumerate(jobs))
         results: list[Generation | None] = [None] * len(pending)
-        submitted = deque([time.perf_counter()] * max_batch)  # when each client sent its next job
+        t0 = time.perf_counter()
+        submitted = deque([t0] * max_batch)  # closed loop: when each client sent its next job
+        sends = None if arrivals is None else [t0 + t for t in arrivals]  # open loop
         active: dict[int, Request] = {}
         try:
             while pending or active:
                 while pending and len(active) < max_batch:
-                    i, job = pending.popleft()
-                    request = self.start(job.prompt, job.max_new_tokens, job.sampling, job.seed,
-                                         job.request_id, job.workload)
-                    request.started = submitted.popleft()
+                    i, job = pending[0]
+                    sent = submitted[0] if sends is None else sends[i]
+                    if sent > time.perf_counter():
+                        break  # not sent yet
+                    pending.popleft()
+                    if sends is None:
+                        submitted.popleft()
+                    try:
+                        request = self.start(job.prompt, job.max_new_tokens, job.sampling,
+                                             job.seed, job.request_id, job.workload)
+                    except ValueError as exc:
+                        if sends is None:
+                            raise
+                        if on_refused:
+                            on_refused(i, str(exc))
+                        continue
+                    request.queue_seconds = request.started - sent
+                    request.started = sent
                     active[i] = request
+                if not active:  # open loop, idle: until the next job is sent
+                    time.sleep(max(0.0, sends[pending[0][0]] - time.perf_counter()))
+                    continue
                 rows = list(active.items())
                 emitted = self.advance([(request, controller) for _, request in rows])
                 for (i, request), tokens in zip(rows, emitted):
@@ -401,7 +394,7 @@ class Engine:
                     if request.done:
                         results[i] = self.finish(active.pop(i))
                         submitted.append(time.perf_counter())
-        finally:  # a job that cannot start (too long) ends the run: free the rows in flight
+        finally:  # a run that fails (a job that cannot start, closed loop): free the rows
             for request in active.values():
                 self.abandon(request)
         return results

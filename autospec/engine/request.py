@@ -94,6 +94,7 @@ class Request:
     steps: list[StepRecord] = field(default_factory=list)
     finish_reason: str | None = None
     started: float = field(default_factory=time.perf_counter)
+    queue_seconds: float = 0.0  # from when it was sent to when it got its row (Engine.run)
     # proposals made before the step's own propose, by drafter: a controller's look-ups
     # (Engine.peek) and a model drafter's batched drafts (Engine._draft_batched); the step
     # uses the one for its drafter instead of drafting again
@@ -117,6 +118,26 @@ class Request:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    def clamp(self, k: int, max_positions: int) -> int:
+        """k cut to what the request may still emit (the target adds one) and still fits."""
+        room = min(self.max_new_tokens - len(self.output) - 1, max_positions - len(self.tokens) - 1)
+        return max(0, min(k, room))
+
+    def append(self, tokens: list[int], eos_ids, max_positions: int) -> list[int]:
+        """Append tokens one by one, honouring EOS, max_new_tokens and the position limit:
+        the tokens appended."""
+        emitted = []
+        for token in tokens:
+            self.tokens.append(token)
+            emitted.append(token)
+            if token in eos_ids:
+                self.finish_reason = "stop"
+            elif len(self.output) >= self.max_new_tokens or len(self.tokens) >= max_positions:
+                self.finish_reason = "length"
+            if self.done:
+                break
+        return emitted
 
 
 @dataclass
