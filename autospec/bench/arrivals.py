@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from autospec.bench.harness import Prompt, prompt_ids
-from autospec.bench.load import _percentile_ms
+from autospec.bench.load import _ms, _percentile_ms
 from autospec.bench.methods import fresh_history
 from autospec.controller.factory import make_controller
 from autospec.engine.loop import Engine
@@ -232,7 +232,3 @@ def format_arrivals_table(report: dict) -> str:
                 f"{_ms(s['queue_p50_ms'])} / {_ms(s['queue_p99_ms'])} | {s['completed']} | "
                 f"{s['refused']} | {'' if s['identical_to_plain'] is None else s['identical_to_plain']} |")
     return "\n".join(lines)
-
-
-def _ms(value: float | None) -> str:
-    return "" if value is None else f"{value:.1f}"

@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from autospec.models.pair import kv_shape
@@ -290,6 +291,9 @@ def rows_attention(module, query, key, value, attention_mask, **kwargs):
 
 
 AttentionInterface.register(ROWS_ATTENTION, rows_attention)
+# and sdpa's masks: transformers makes none for an attention it has no mask function for
+# (its generate() over left-padded rows, or a verify after a cache, would then attend wrongly)
+AttentionMaskInterface.register(ROWS_ATTENTION, sdpa_mask)
 
 
 def pack_rows(model) -> bool:

@@ -48,12 +48,16 @@ def test_packed_rows_give_the_padded_forwards_logits_from_their_real_tokens_only
 def test_an_engine_packs_its_target_and_other_forwards_keep_their_attention(reference_pair):
     engine = Engine(reference_pair, max_batch=2, max_len=256)
     assert engine.packed and packs(reference_pair.target)
-    # outside a RowCache forward (transformers' own generate, the hf: peers) the attention is sdpa's
-    ids = torch.tensor([reference_pair.tokenizer.encode("The cat sat on the")])
+    # outside a RowCache forward (transformers' own generate, the hf: peers) attention and
+    # masks are sdpa's: the same tokens as before packing was enabled, prompt lookup included
+    ids = torch.tensor([reference_pair.tokenizer.encode("def f(x):\n    return x\n\ndef f(")])
+    mask = torch.ones_like(ids)
     with torch.inference_mode():
-        out = reference_pair.target.generate(ids, max_new_tokens=6, do_sample=False)
-    first = engine.generate(ids[0].tolist(), drafter=None, max_new_tokens=6)
-    assert out[0, ids.shape[1]:].tolist() == first.token_ids
+        for extra in ({}, {"prompt_lookup_num_tokens": 4}):
+            out = reference_pair.target.generate(ids, attention_mask=mask, max_new_tokens=12,
+                                                 do_sample=False, **extra)
+            first = engine.generate(ids[0].tolist(), drafter=None, max_new_tokens=12)
+            assert out[0, ids.shape[1]:].tolist() == first.token_ids, extra
     # a model whose attention is not sdpa is left as it is (padded forwards)
     eager = random_llama(32, seed=1)
     eager.config._attn_implementation = "eager"
