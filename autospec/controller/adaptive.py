@@ -185,8 +185,8 @@ class AdaptiveController:
     def _prices(self, rows: int) -> Prices | None:
         """The step's prices at `rows` rows. Batch 1: the measured forward sizes plus the
         per-step overhead (CostModel.step_list). A batch: the batch line s = a + b B + c P
-        (BatchCost, P the positions computed) plus the per-row overhead, a row's share
-        s(B, B) / B + c k. None (every row plain) until the batch line is measured: plain
+        (BatchCost, P the positions computed, plus j once where any row drafts) and the per-row
+        overhead, a row's share s(B, B) / B + c k (+ j / B). None (every row plain) until the batch line is measured: plain
         steps measure it, and a batch priced as one row (a memory-bound guess) drafted
         where on a CPU it did not pay (SmolLM2, 16 rows: 0.66x plain on a cold start)."""
         if rows == 1:
@@ -197,10 +197,13 @@ class AdaptiveController:
         fitted = self.batch_cost.line(self.costs.line())
         if fitted is None:
             return None
-        a, b, c = fitted
+        a, b, c, jump = fitted
         fixed = a + (b + c + self.batch_cost.row_overhead) * rows
         share = fixed / rows
-        return Prices(rows, fixed, c, [], [share + c * k for k in range(self.settings.k_max + 1)])
+        # a row's share of the step's jump for drafting at all: as if it drafted alone
+        return Prices(rows, fixed, c, [], [share] + [share + c * k + jump / rows
+                                                     for k in range(1, self.settings.k_max + 1)],
+                      jump)
 
     def _look_up(self, state: _RequestState, request) -> dict[str, int]:
         """Each look-up drafter's proposal length now (n-gram's, the peeked ones'): positions
@@ -228,8 +231,7 @@ class AdaptiveController:
         # each drafter's per-position Beta parameters, in Python floats (decide.py says why)
         estimates = [self._estimate(state, d) for d in names]
         k_max = self.settings.k_max
-        hints = self.hints
-        draft_s = [self.costs.draft_seconds(d, hints[d]) for d in names]
+        draft_s = [self._draft_seconds(d, shares) for d in names]
         limits = [min(lengths.get(d, k_max), self._cap_k(d_s, shares))
                   for d, d_s in zip(names, draft_s)]
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
@@ -308,6 +310,14 @@ class AdaptiveController:
             self._regime_estimate(state, drafter, regime).update(proposed, accepted)
         state.hot[drafter] = 0 < accepted == proposed
 
+    def _draft_seconds(self, drafter: str, shares: list[float]) -> float:
+        """A drafted token's measured seconds; before any, the drafter's cost hint (a fraction
+        of a target forward) of batch 1's plain forward, or where no batch of one has run (a
+        closed loop of N clients) of a row's plain share of the step."""
+        if self.costs.observed == 0 and drafter not in self.costs.draft:
+            return self.hints[drafter] * shares[0]
+        return self.costs.draft_seconds(drafter, self.hints[drafter])
+
     def _cap_k(self, draft_seconds: float, steps: list[float]) -> int:
         """The longest K whose step (K drafted tokens, a forward of K + 1) is predicted within
         `step_cap` plain steps (k_max without a cap; 0 where even K = 1 is over it)."""
@@ -332,7 +342,7 @@ class AdaptiveController:
                 continue
             row = self._estimate(state, drafter).mean_list()
             means.append(row[:length.get(drafter, len(row))])
-            draft_s.append(self.costs.draft_seconds(drafter, self.hints[drafter]))
+            draft_s.append(self._draft_seconds(drafter, prices.shares))
         return batch_ks(means, draft_s, prices, max_step)
 
     def update(self, record: StepRecord, request) -> None:

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from autospec.controller.estimates import RunningMedian
 
 MIN_BATCH_STEPS = 4.0  # (weighted) batch steps observed before the batch line is trusted
-# the weight of BatchCost's b = 0 prior, per anchor weight: any positive weight settles b where
-# the steps leave it open (all plain, one batch size); this small, it moves a plane that
-# the steps determine by under 1 % (tests/controller/test_controller_batch.py)
-B_PRIOR = 0.01
+# the weight (in steps) of the priors where steps leave the plane open (BatchCost.line):
+# enough to settle it, little against the steps that measure it
+UNMEASURED_PRIOR = 0.05
+FEATURES = 4  # 1, B, P, drafted (_features)
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,12 @@ class Prices:
     per_token: float
     table: list[float]
     shares: list[float]
+    jump: float = 0.0  # what a step pays once for drafting at all (BatchCost's j)
 
     def step(self, drafted: int) -> float:
         if drafted < len(self.table):
             return self.table[drafted]
-        return self.fixed + self.per_token * drafted
+        return self.fixed + self.per_token * drafted + (self.jump if drafted else 0.0)
 
 
 def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Prices,
@@ -112,22 +113,20 @@ def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Price
 
 class BatchCost:
     """s(B, P) = a + b B + c P (P the positions the forward computes: its real tokens, rows
-    packed) by discounted least squares over batch steps, anchored at batch 1 on the
-    single-row line's plain forward v(0) (CostModel, which a batch-1 run measures anyway) and
-    drawn towards b = 0: a row's plain token is priced as a drafted one until steps of other
-    widths tell them apart. With every step plain and of one size, the constant, B and P
-    could not be told apart otherwise; the prior that a drafted token costs what a row's
-    plain token does (the rise from v(0) to a plain step of B rows, per row) is right where
-    the forward is compute-bound (a CPU: 16 plain rows cost 2.4x one row on SmolLM2) and
-    small where it is memory-bound (a GPU's batch costs about one row's), and the drafted
-    steps it allows measure c itself."""
+    packed) by discounted least squares over batch steps, ridge-anchored at batch 1 on the
+    single-row verify line (CostModel), which a batch-1 run measures anyway: with every batch
+    of one size, B and the constant could not be told apart otherwise. Until drafted steps
+    of a batch measure c, it is batch 1's slope: the optimistic end (a drafted token costs at
+    least that much in a batch, and at most a row's plain token, b = 0), so that drafting
+    is tried where it might pay and its cost measured — the other end priced the reference
+    pair's rows plain at 4 and 16 rows (0.92x, 0.81x plain) where n-gram pays 2.6x, 1.45x."""
 
     def __init__(self, forgetting: float = 0.98, anchor_weight: float = 4.0):
         self.forgetting = forgetting
         self.anchor_weight = anchor_weight
         # the normal equations in Python floats (a row's step folds in once per row, per step)
-        self._xtx = [[0.0] * 3 for _ in range(3)]
-        self._xty = [0.0] * 3
+        self._xtx = [[0.0] * FEATURES for _ in range(FEATURES)]
+        self._xty = [0.0] * FEATURES
         self.observed = 0.0  # discounted batch steps
         # seconds per row a batch step pays outside its forward and its drafts (proposing,
         # accepting, the controller, row by row): the running median of the steps' (robust to
@@ -135,16 +134,15 @@ class BatchCost:
         # fewer, longer steps worth their padding
         self._overhead = RunningMedian()
         self._step: tuple[float, int, float] | None = None  # (step start, rows, max seen)
-        self._line: tuple | None = None  # (anchor, (a, b, c)) until the next observation
+        self._line: tuple | None = None  # (anchor, (a, b, c, j)) until the next observation
 
     def observe(self, rows: int, positions: int, seconds: float, weight: float = 1.0) -> None:
-        """One batch step over `positions` = rows x width (a row's record may report it with
-        weight 1 / rows)."""
-        x = (1.0, float(rows), float(positions))
+        """One batch step over `positions` (a row's record may report it with weight 1 / rows)."""
+        x = _features(rows, positions)
         keep = self.forgetting ** weight
-        for i in range(3):
+        for i in range(FEATURES):
             row = self._xtx[i]
-            for j in range(3):
+            for j in range(FEATURES):
                 row[j] = row[j] * keep + weight * x[i] * x[j]
             self._xty[i] = self._xty[i] * keep + weight * seconds * x[i]
         self.observed = self.observed * keep + weight
@@ -176,42 +174,58 @@ class BatchCost:
 
     def restore(self, state: dict) -> "BatchCost":
         flat = [float(v) for v in state["xtx"]]
-        self._xtx = [flat[0:3], flat[3:6], flat[6:9]]
-        self._xty = [float(v) for v in state["xty"]]
+        n = int(round(len(flat) ** 0.5))  # 3 before the drafting step's jump was a feature
+        self._xtx = [[flat[i * n + j] if i < n and j < n else 0.0 for j in range(FEATURES)]
+                     for i in range(FEATURES)]
+        self._xty = [float(v) for v in state["xty"]] + [0.0] * (FEATURES - n)
         self.observed = float(state["observed"])
         self._overhead.seed(float(state.get("row_overhead", 0.0)))  # absent before it was kept
         self._line = None
         return self
 
-    def line(self, anchor: tuple[float, float] | None) -> tuple[float, float, float] | None:
-        """(a, b, c), with batch 1 anchored to the single-row line's v(0) (`anchor`,
-        CostModel.line(): base, slope) and b drawn to 0; without one (a server that never ran
-        a batch of one), b = 0 and s = a + c P. None before MIN_BATCH_STEPS batch steps. Kept until the next
-        observation (every row of a batch asks)."""
+    def line(self, anchor: tuple[float, float] | None) -> tuple[float, float, float, float] | None:
+        """(a, b, c, j), with batch 1 anchored to the single-row line v(K) = base + slope K
+        (`anchor`, CostModel.line()); without one (a server that never ran a batch of one),
+        b and c drawn weakly to 0. j, a drafted step's jump, drawn weakly to 0 until steps
+        show one. None before MIN_BATCH_STEPS batch steps. Kept until the next observation
+        (every row of a batch asks)."""
         if self.observed < MIN_BATCH_STEPS:
             return None
         if self._line is not None and self._line[0] == anchor:
             return self._line[1]
         xtx = [row[:] for row in self._xtx]
         xty = self._xty[:]
+        rows = xtx[0][1] / xtx[0][0]  # the batch steps' mean size
+        # the optimistic end where the steps leave it open: no jump; without a batch of one
+        # measured (a closed loop of N clients), b and c 0 too, so plain steps of one size
+        # put their cost in the constant (all a row's share reads) and the drafted steps
+        # that follow measure c (with b = 0 forced, plain steps priced a drafted token as a
+        # row's whole share: on the reference pair at 4 rows no row ever drafted, 0.89x plain)
+        xtx[3][3] += UNMEASURED_PRIOR
         if anchor is None:
-            a, c = _solve([[xtx[0][0], xtx[0][2]], [xtx[2][0], xtx[2][2]]], [xty[0], xty[2]])
-            fitted = (a, 0.0, max(c, 0.0))
+            for i in (1, 2):
+                xtx[i][i] += UNMEASURED_PRIOR * rows * rows
         else:
-            base, _ = anchor
+            base, slope = anchor
             w = self.anchor_weight
-            rows = xtx[0][1] / xtx[0][0]  # the batch steps' mean size
-            x = (1.0, 1.0, 1.0)  # v(0) of the single-row line: B = 1, P = 1
-            for i in range(3):
-                for j in range(3):
-                    xtx[i][j] += w * x[i] * x[j]
-                xty[i] += w * base * x[i]
-            # b = 0 (the prior above): weak, so it decides only what the steps leave open
-            xtx[1][1] += B_PRIOR * w * rows * rows
-            a, b, c = _solve(xtx, xty)
-            fitted = (a, b, max(c, 0.0))
+            for k in (0.0, 8.0):  # v(0) and v(8) of the single-row line, at B = 1, P = K + 1
+                x = _features(1, int(k) + 1)
+                for i in range(FEATURES):
+                    for j in range(FEATURES):
+                        xtx[i][j] += w * x[i] * x[j]
+                    xty[i] += w * (base + slope * k) * x[i]
+        a, b, c, jump = _solve(xtx, xty)
+        fitted = (a, max(b, 0.0) if anchor is None else b, max(c, 0.0), max(jump, 0.0))
         self._line = (anchor, fitted)
         return fitted
+
+
+def _features(rows: int, positions: int) -> tuple[float, float, float, float]:
+    """A step's regressors: 1, B, P and whether it drafted at all (P > B): on a CPU the first
+    drafted token of a step costs more than the next ones (SmolLM2 at 16 rows: 16 plain
+    tokens 193 ms, 21 tokens 285 ms, 68 tokens 450 ms — the matrix products change kernels),
+    which a line in P alone spreads over every drafted token."""
+    return (1.0, float(rows), float(positions), 1.0 if positions > rows else 0.0)
 
 
 def _solve(m: list[list[float]], v: list[float]) -> list[float]:

@@ -192,8 +192,8 @@ def test_the_batch_cost_survives_a_restart(tmp_path):
         from autospec.controller.adaptive import AdaptiveController
         controller = AdaptiveController()
         controller.warm_start(params["estimates"])
-        a, b, c = controller.batch_cost.line(None)
-        assert c == pytest.approx(0.001, rel=1e-3)  # seconds per token of the batched forward
+        a, b, c, _ = controller.batch_cost.line(None)
+        assert c == pytest.approx(0.001, rel=0.1)  # seconds per token of the batched forward
     finally:
         again.stop()
 
