@@ -1,22 +1,16 @@
-"""The fast path of the controller: every step, choose (drafter, k) from the current estimates.
+"""The fast path of the controller: every step, (drafter, k) for every row from the estimates.
 
 Per request: a discounted Beta per drafter and draft position, seeded from the pooled estimate
-of the request's workload (the per-workload prior). Shared by all requests of one engine:
-the cost model (draft seconds per token, verify seconds per forward size) and the priors.
+of the request's workload (the per-workload prior). Shared by all requests of one engine: the
+cost models (draft seconds per token, the batch-1 verify line, the batch line) and the priors.
 
-Each step:
-- the drafter (or plain decoding): Thompson sampling — draw alpha from each drafter's
-  posterior and take the drafter whose best K gives the most expected tokens per second — so
-  a drafter that looks bad on little evidence still gets tried now and then; with hysteresis:
-  keep the current drafter while it is within `hysteresis` of the best (a switch re-prefills
-  a cache, and near-equal options must not thrash);
-- K for that drafter: argmax of expected tokens per second under the posterior *means*
-  (changing K costs nothing, so exploration noise buys nothing there); K = 0 if plain wins.
-  n-gram's proposal is looked up first: K never passes its length, and a step where it has
-  no match is not an n-gram step (its estimates learn only from steps with a proposal).
-After each step: update the chosen drafter's estimate and, counterfactually, the n-gram
-drafter's: once the target has verified the tokens, what n-gram *would* have proposed costs
-microseconds to score, so its estimate learns even when it is not chosen.
+Each step, one decision for the step's B >= 1 rows (`decide_batch`, docs/controller.md):
+look-ups first (n-gram's proposal bounds its K; no match, no n-gram this step); each row's
+drafter by Thompson sampling at its share of the step, with hysteresis (a switch re-prefills
+a cache); then every row's K together for the step's goodput, from the posterior means
+(controller/batch.py). After each step: the chosen drafter's estimate and, counterfactually,
+every look-up drafter's: once the target has verified the tokens, what n-gram *would* have
+proposed costs microseconds to score, so its estimate learns even when it is not chosen.
 No I/O here, ever: the slow path (daemon) hands new settings in from outside.
 """
 from __future__ import annotations
@@ -184,11 +178,9 @@ class AdaptiveController:
 
     def _prices(self, rows: int) -> Prices | None:
         """The step's prices at `rows` rows. Batch 1: the measured forward sizes plus the
-        per-step overhead (CostModel.step_list). A batch: the batch line s = a + b B + c P
-        (BatchCost, P the positions computed, plus j once where any row drafts) and the per-row
-        overhead, a row's share s(B, B) / B + c k (+ j / B). None (every row plain) until the batch line is measured: plain
-        steps measure it, and a batch priced as one row (a memory-bound guess) drafted
-        where on a CPU it did not pay (SmolLM2, 16 rows: 0.66x plain on a cold start)."""
+        per-step overhead (CostModel.step_list). A batch: the batch line (BatchCost: a + b B +
+        c P, + j where any row drafts) and the per-row overhead; a row's share s(B, B) / B +
+        c k (+ j / B). None (every row plain) until the batch line is measured."""
         if rows == 1:
             steps = self.costs.step_list()
             line = self.costs.line()
@@ -268,10 +260,8 @@ class AdaptiveController:
 
     def _explore(self, state: _RequestState, drafter: str) -> tuple[list, list] | None:
         """The workload's evidence a request's estimates of `drafter` draw with."""
-        if state.pooled is None:
-            return None
         i = self.drafters.index(drafter)
-        return state.pooled[0][i], state.pooled[1][i]
+        return None if state.pooled is None else (state.pooled[0][i], state.pooled[1][i])
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
         """What to decide from: the estimate of the drafter's regime this step — its proposal's
@@ -296,8 +286,8 @@ class AdaptiveController:
         estimate = state.acceptance.get((drafter, regime))
         if estimate is None:  # a confidence bucket's first step: starts where "all" stands
             s = self.settings
-            estimate = state.acceptance[drafter, regime] = AcceptanceEstimate(
-                s.k_max, state.acceptance[drafter, False].mean_list(), s.prior_strength, s.discount)
+            estimate = state.acceptance[drafter, regime] = AcceptanceEstimate(s.k_max,
+                state.acceptance[drafter, False].mean_list(), s.prior_strength, s.discount)
             estimate.explore = self._explore(state, drafter)
         return estimate
 
@@ -324,8 +314,7 @@ class AdaptiveController:
         cap, k_max = self.settings.step_cap, self.settings.k_max
         if not cap:
             return k_max
-        bound = cap * steps[0]
-        k = 0
+        bound, k = cap * steps[0], 0
         while k < k_max and steps[k + 1] + draft_seconds * (k + 1) <= bound:
             k += 1
         return k
