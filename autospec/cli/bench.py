@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import importlib
 from pathlib import Path
 
 import click
@@ -16,26 +17,17 @@ DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ng
                    "hf:prompt-lookup:4,hf:early-exit:4,adaptive,oracle,oracle-per-category")
 
 
-def _levels(ctx, param, value: str | None) -> list[int] | None:
-    """--concurrency's list, or click's error naming the bad entry."""
-    if value is None:
-        return None
-    from autospec.bench.load import parse_concurrency
-    try:
-        return parse_concurrency(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def _schedule(ctx, param, value: str | None):
-    """--arrivals' schedule, or click's error naming the bad entry."""
-    if value is None:
-        return None
-    from autospec.bench.arrivals import parse_schedule
-    try:
-        return parse_schedule(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+def _parsed(module: str, parse: str):
+    """A click callback: the option's value through `module.parse` (imported when used), or
+    click's error naming the bad entry."""
+    def callback(ctx, param, value: str | None):
+        if value is None:
+            return None
+        try:
+            return getattr(importlib.import_module(module), parse)(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return callback
 
 
 @click.command()
@@ -59,14 +51,15 @@ def _schedule(ctx, param, value: str | None):
               help="Also record a replay trace (greedy): every drafter's agreement at every "
                    "output position, and the measured costs. See `autospec replay`.")
 @click.option("--record-k-max", default=8, show_default=True, type=click.IntRange(min=1))
-@click.option("--concurrency", default=None, callback=_levels,
+@click.option("--concurrency", default=None, callback=_parsed("autospec.bench.load", "parse_concurrency"),
               help="Also run each method under N closed-loop clients through the batched "
                    "engine, for each N of a comma-separated list (e.g. 1,4,16): throughput, "
                    "inter-token latency and time to first token, in the JSON's by_concurrency.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With --concurrency: write a PNG of throughput and inter-token latency "
                    "(p50, p99 dashed) against concurrency, one line per method.")
-@click.option("--arrivals", "schedule", default=None, callback=_schedule, metavar="SCHEDULE",
+@click.option("--arrivals", "schedule", default=None, metavar="SCHEDULE",
+              callback=_parsed("autospec.bench.arrivals", "parse_schedule"),
               help="Also run each method under open-loop load: RATE:SECONDS,... (requests per "
                    "second for so many seconds, Poisson from --seed; e.g. 0.2:60,2:60,0.2:60) "
                    "or @FILE (send times in seconds, one per line). Per phase and overall: "
