@@ -82,7 +82,7 @@ def test_only_controllers_are_made():
 
 def test_available_drafters_need_a_draft_model_only_for_draft_model(tiny_pair):
     import dataclasses
-    assert tiny_pair.available_drafters() == ("ngram", "draft-model", "early-exit")
+    assert tiny_pair.available_drafters() == ("ngram", "draft-model", "early-exit")  # no eagle head
     target_only = dataclasses.replace(tiny_pair, draft=None, draft_name=None)
     assert target_only.available_drafters() == ("ngram", "early-exit")
 

@@ -41,9 +41,10 @@ def run(*args):
 def test_default_policy_is_the_code_defaults():
     policy = load_policy(DEFAULT)
     assert policy.to_settings() == ControllerSettings(
-        prior_means={"draft-model": 0.5, "early-exit": 0.5, "ngram": 0.5})  # = the code's 0.5
+        prior_means={"draft-model": 0.5, "eagle": 0.5, "early-exit": 0.5, "ngram": 0.5})  # = the code's 0.5
     assert policy.resolve().k_min == 1
-    assert dict(policy.resolve().prior_means) == {"draft-model": 0.5, "early-exit": 0.5, "ngram": 0.5}
+    assert dict(policy.resolve().prior_means) == {"draft-model": 0.5, "eagle": 0.5,
+                                                  "early-exit": 0.5, "ngram": 0.5}
     assert parse_policy("schema_version: 1").policy_hash == policy.policy_hash  # nothing but defaults
 
 
@@ -88,7 +89,7 @@ def test_hash_ignores_form_and_provenance_but_not_values():
     ("schema_version: 1\nk_max: 4\nworkloads: {copy-heavy: {k_min: 6}}",
      "workloads.copy-heavy.k_min: k_min 6 is above k_max 4; expected k_min <= k_max"),
     ("schema_version: 1\ndrafters: [ngram, ngarm]",
-     "drafters[1]: unknown drafter 'ngarm' (known: draft-model, early-exit, ngram, suffix, synthetic"),
+     "drafters[1]: unknown drafter 'ngarm' (known: draft-model, eagle, early-exit, ngram, suffix, synthetic"),
     ("schema_version: 1\npriors: {ngram: {acceptance_mean: 1.0}}",
      "priors.ngram.acceptance_mean: expected a number in (0, 1), got 1.0"),
     ("schema_version: 1\ncontroller: {thompson: 'yes'}",
@@ -144,11 +145,11 @@ def test_cli_diff_one_changed_field_per_line(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == diff_policies(load_policy(DEFAULT), parse_policy(TUNED))
     assert result.output.splitlines()[:5] == [
-        'drafters: ["ngram", "draft-model", "early-exit"] -> ["ngram", "draft-model"]',
+        'drafters: ["ngram", "eagle", "draft-model", "early-exit"] -> ["ngram", "draft-model"]',
         "k_max: 16 -> 6",
         "controller.discount: 0.97 -> 0.9",
         "controller.thompson: true -> false",
-        "priors.early-exit.acceptance_mean: 0.5 -> (unset)",
+        "priors.eagle.acceptance_mean: 0.5 -> (unset)",
     ]
     assert "workloads.copy-heavy.k_max: (unset) -> 12" in result.output
     assert "provenance.trial: (unset) -> 41" in result.output

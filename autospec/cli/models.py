@@ -13,9 +13,10 @@ def models() -> None:
 
 @models.command()
 @click.option("--preset", default="reference", show_default=True,
-              type=click.Choice(["tiny", "reference", "smollm2-draft", "smollm2-exit"]),
+              type=click.Choice(["tiny", "reference", "smollm2-draft", "smollm2-exit", "smollm2-eagle"]),
               help="Model-pair recipe; smollm2-draft distils a draft for the fetched SmolLM2, "
-                   "smollm2-exit a trained early exit on its first layers.")
+                   "smollm2-exit a trained early exit on its first layers, smollm2-eagle a "
+                   "feature-level draft head (EAGLE).")
 @click.option("--corpus", "corpus_dir", type=click.Path(path_type=Path),
               help="Directory of .py files (default: this Python's standard library).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path),
@@ -34,9 +35,14 @@ def build(preset: str, corpus_dir: Path | None, out_dir: Path | None, quiet: boo
     smollm2-draft: the fetched SmolLM2 target answers chat prompts from the standard library's
     training split, and a small draft learns its answers (resumable; see autospec/training).
     smollm2-exit: the same answers teach a small exit after the target's first layers.
+    smollm2-eagle: the target's answers with its features teach a head that drafts from them.
     """
     log = lambda m: click.echo(m, err=True)  # noqa: E731
     try:
+        if preset == "smollm2-eagle":
+            from autospec.training.eagle import build as run_eagle
+            run_eagle(out_dir, quiet=quiet, log=log, stage=stage, threads=threads)
+            return
         if preset.startswith("smollm2-"):
             from autospec.training.distill import build as run_distill
             run_distill(out_dir, preset, quiet=quiet, log=log, stage=stage, threads=threads)

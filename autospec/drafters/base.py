@@ -59,6 +59,9 @@ class DraftContext:
     sampling: SamplingParams
     generator: torch.Generator | None = None
     prompt_len: int = 0
+    # the target's last hidden state at each cached position (len(tokens) - 1, D), where the
+    # engine keeps them (its pair has a feature head): what a feature-level drafter reads
+    hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -70,7 +73,7 @@ class Verified:
 
 
 # The built-in drafters a controller may pick, in its default order (synthetic is for tests).
-DEFAULT_DRAFTERS = ("ngram", "draft-model", "early-exit")
+DEFAULT_DRAFTERS = ("ngram", "eagle", "draft-model", "early-exit")
 
 
 class Drafter(ABC):
@@ -80,7 +83,11 @@ class Drafter(ABC):
     peekable: bool = False
     # Guess of (seconds per drafted token) / (seconds per target step), before measurements.
     cost_hint: float = 0.1
-    needs_draft_model: bool = False  # runs only on a pair that has a draft model
+
+    @classmethod
+    def runs_on(cls, models) -> bool:
+        """Whether this pair has what the drafter needs (a draft model, a feature head)."""
+        return True
 
     @classmethod
     def batch_drafting(cls, models, max_batch: int, max_len: int, **options):
@@ -121,7 +128,7 @@ def register(name: str):
 
 def _load_builtin_and_plugins() -> None:
     global _entry_points_loaded
-    from autospec.drafters import draft_model, early_exit, ngram, suffix, synthetic  # noqa: F401
+    from autospec.drafters import draft_model, eagle, early_exit, ngram, suffix, synthetic  # noqa: F401
     if not _entry_points_loaded:
         _entry_points_loaded = True
         for ep in entry_points(group="autospec.drafters"):

@@ -148,7 +148,10 @@ class CachedLMDrafter(Drafter):
 @register("draft-model")
 class DraftModelDrafter(CachedLMDrafter):
     cost_hint = 0.2
-    needs_draft_model = True
+
+    @classmethod
+    def runs_on(cls, models) -> bool:
+        return models.draft is not None
 
     def __init__(self, models):
         if models.draft is None:

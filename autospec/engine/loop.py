@@ -57,7 +57,9 @@ class Engine:
         max_len = max_len or models.max_positions
         if max_len > models.max_positions:
             raise ValueError(f"max_len {max_len} exceeds the target's {models.max_positions} positions")
-        self.cache = RowCache(models.target, max_batch, max_len)
+        # with a feature head on the pair, the cache keeps the target's last hidden states too
+        self.cache = RowCache(models.target, max_batch, max_len,
+                              keep_hidden=models.eagle is not None)
         # rows of unequal widths verify packed, costing their real tokens (models/kv.py)
         self.packed = pack_rows(models.target)
         # drafters that draft all their rows of a step at once (the draft model, the early
@@ -253,7 +255,8 @@ class Engine:
         return record
 
     def _context(self, request: Request) -> DraftContext:
-        return DraftContext(request.tokens, request.sampling, request.generator, request.prompt_len)
+        return DraftContext(request.tokens, request.sampling, request.generator, request.prompt_len,
+                            self.cache.hidden_of(request.slot))
 
     def _draft_batched(self, decisions: Sequence[tuple[Request, str | None, int]]) -> None:
         """The drafts of every row whose drafter drafts in batches (`Drafter.batch_drafting`),

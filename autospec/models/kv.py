@@ -55,7 +55,10 @@ def cached_forward(model, input_ids: torch.Tensor, cache: Cache, kwarg: str,
     whole prompt costs as much as several decode steps). `inputs`: position_ids and a 4-D
     attention_mask where rows sit at their own offsets (RowCache.bind)."""
     extra = {"logits_to_keep": last} if last is not None and keeps_logits(type(model)) else {}
-    return model(input_ids=input_ids, use_cache=True, **{kwarg: cache}, **extra, **inputs).logits
+    out = model(input_ids=input_ids, use_cache=True, **{kwarg: cache}, **extra, **inputs)
+    if inputs.get("output_hidden_states"):  # and the last hidden state (after the final norm)
+        return out.logits, out.hidden_states[-1]
+    return out.logits
 
 
 # Positions per slot allocated at first; doubled as rows reach further (a handful of copies
@@ -144,7 +147,7 @@ class RowLayer(CacheLayerMixin):
 class RowCache(Cache):
     """A KV cache of `max_batch` slots with a length each; a request holds one slot."""
 
-    def __init__(self, model, max_batch: int, max_len: int):
+    def __init__(self, model, max_batch: int, max_len: int, keep_hidden: bool = False):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_len < 2:
@@ -160,6 +163,32 @@ class RowCache(Cache):
         self.lengths = [0] * max_batch  # tokens cached per slot
         self.free = list(range(max_batch))  # free slots, lowest first
         self.bound: Bound | None = None
+        # keep_hidden: the model's last hidden state (after its final norm: what its head
+        # reads) at every cached position, (B_max, capacity, D), written by the same forward
+        # as K and V and rolled back with them (a length per row) — the features a feature-
+        # level drafter reads (drafters/eagle.py)
+        self.hidden = (torch.zeros((max_batch, self.capacity, model.config.hidden_size),
+                                   dtype=param.dtype, device=param.device)
+                       if keep_hidden else None)
+
+    def hidden_of(self, slot: int | None) -> torch.Tensor | None:
+        """The row's features at its cached positions, (length, D): a view (None where the
+        cache keeps none, or for no row)."""
+        if self.hidden is None or slot is None:
+            return None
+        return self.hidden[slot, :self.lengths[slot]]
+
+    def _keep_hidden(self, hidden: torch.Tensor) -> None:
+        """Write the forward's last hidden states (padded (n, T, D) or packed (1, N, D)) at
+        the rows' positions, as RowLayer.update writes K and V."""
+        bound = self.bound
+        if bound.window is not None:
+            slot, start, stop = bound.window
+            self.hidden[slot, start:stop] = hidden[0]
+        elif bound.packed:
+            self.hidden[bound.write_slot, bound.write_pos] = hidden[0]
+        else:
+            self.hidden[bound.write_slot, bound.write_pos] = hidden[bound.valid]
 
     def claim(self) -> int:
         """The lowest free slot, emptied."""
@@ -192,6 +221,10 @@ class RowCache(Cache):
             self.capacity = min(self.max_len, max(span, 2 * self.capacity))
             for layer in self.layers:
                 layer.grow(self.capacity)
+            if self.hidden is not None:
+                old = self.hidden
+                self.hidden = old.new_zeros((old.shape[0], self.capacity, old.shape[2]))
+                self.hidden[:, :old.shape[1]] = old
         slot_ids = torch.tensor(list(slots))
         first = slots[0] if list(slots) == list(range(slots[0], slots[0] + len(slots))) else None
         window = None
@@ -244,8 +277,14 @@ class RowCache(Cache):
             input_ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in inputs],
                                      device=self.device)
         try:
-            logits = cached_forward(model, input_ids, self, kwarg, last,
-                                    position_ids=position_ids, attention_mask=mask, **extra)
+            if self.hidden is None:
+                logits = cached_forward(model, input_ids, self, kwarg, last,
+                                        position_ids=position_ids, attention_mask=mask, **extra)
+            else:
+                logits, hidden = cached_forward(model, input_ids, self, kwarg, last,
+                                                position_ids=position_ids, attention_mask=mask,
+                                                output_hidden_states=True, **extra)
+                self._keep_hidden(hidden)
         finally:
             self.bound = None
             if packed:

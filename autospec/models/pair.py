@@ -48,6 +48,9 @@ class ModelPair:
     # a trained early exit (models/shared_draft.py: the target's first L layers + a trained
     # exit); the early-exit drafter at its depth L runs it instead of the bare view
     exit_model: nn.Module | None = None
+    # a feature-level draft head (models/eagle_head.py): the engine then keeps the target's
+    # last hidden states beside its KV cache, for the `eagle` drafter
+    eagle: nn.Module | None = None
     _exit_views: dict = field(default_factory=dict, repr=False)  # depth -> early-exit model
 
     def __post_init__(self):
@@ -61,10 +64,11 @@ class ModelPair:
 
     def available_drafters(self, candidates: tuple[str, ...] | None = None) -> tuple[str, ...]:
         """The drafters this pair can run, of `candidates` (default: the built-in ones, in the
-        controller's order): all but those that need a draft model when it has none."""
+        controller's order): those whose needs it has (`Drafter.runs_on`: a draft model, a
+        feature head)."""
         from autospec.drafters.base import DEFAULT_DRAFTERS, drafter_class
         return tuple(d for d in (DEFAULT_DRAFTERS if candidates is None else candidates)
-                     if self.draft is not None or not drafter_class(d).needs_draft_model)
+                     if drafter_class(d).runs_on(self))
 
     def runnable_drafters(self) -> tuple[str, ...]:
         """Every registered drafter this pair can run (a controller picks among the ones its
@@ -200,7 +204,7 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
 
 def load_pair(target: str | None = None, draft: str | None = None,
               dtype: str = "float32", with_draft: bool = True,
-              exit: str | None = None) -> ModelPair:
+              exit: str | None = None, eagle: str | None = None) -> ModelPair:
     """Load target + draft. Defaults: the shipped reference pair.
 
     dtype float32 is the default on purpose: bf16 rounds a (k+1)-token verify forward and k+1
@@ -235,7 +239,19 @@ def load_pair(target: str | None = None, draft: str | None = None,
                 f"draft model '{draft}' has another vocabulary than target '{target}': "
                 f"{draft_model.config.vocab_size} vs {target_model.config.vocab_size}")
     exit_model = _load_shared(exit, target_model, torch_dtype, "trained exit") if exit else None
-    return ModelPair(target_model, tokenizer, draft_model, target, draft, exit_model)
+    eagle_model = _load_eagle(eagle, target_model, torch_dtype) if eagle else None
+    return ModelPair(target_model, tokenizer, draft_model, target, draft, exit_model, eagle_model)
+
+
+def _load_eagle(path: str, target_model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    from autospec.models.eagle_head import is_eagle_head, load_eagle_head
+    if not is_eagle_head(path):
+        raise ModelLoadError(f"feature head '{path}' is not a head made for a target (no "
+                             f"autospec_eagle in its config.json)")
+    try:
+        return load_eagle_head(path, target_model, dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load feature head '{path}': {exc}") from None
 
 
 def _load_shared(path: str, target_model: nn.Module, dtype: torch.dtype, role: str) -> nn.Module:

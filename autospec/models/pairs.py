@@ -34,6 +34,7 @@ class NamedPair:
     bench_workload: str = "reference.jsonl"
     demo_workload: str = "mixed.jsonl"
     exit: Callable[[], Path] | None = None  # a trained early exit, where the pair ships one
+    eagle: Callable[[], Path] | None = None  # a feature-level draft head, where it ships one
 
     def workload(self, which: str) -> Path:
         """The default workload file for `bench` or `demo` (installed as autospec.configs)."""
@@ -58,6 +59,10 @@ class NamedPair:
         path = self.exit() if self.exit else None
         return path if path is not None and _is_model_dir(path) else None
 
+    def eagle_dir(self) -> Path | None:
+        path = self.eagle() if self.eagle else None
+        return path if path is not None and _is_model_dir(path) else None
+
 
 PAIRS: dict[str, NamedPair] = {p.name: p for p in (
     NamedPair("reference", "the shipped 11M pair (target + draft)",
@@ -66,7 +71,8 @@ PAIRS: dict[str, NamedPair] = {p.name: p for p in (
     NamedPair("smollm2", "SmolLM2-135M-Instruct (chat), fetched into the cache",
               lambda: smollm2_dir() / "target", lambda: SMOLLM2_SHIPPED_DIR / "draft",
               fetch="autospec models fetch smollm2", bench_workload="chat.jsonl",
-              demo_workload="chat.jsonl", exit=lambda: SMOLLM2_SHIPPED_DIR / "exit"),
+              demo_workload="chat.jsonl", exit=lambda: SMOLLM2_SHIPPED_DIR / "exit",
+              eagle=lambda: SMOLLM2_SHIPPED_DIR / "eagle"),
 )}
 
 
@@ -81,9 +87,10 @@ def load_named_pair(name: str, dtype: str = "float32"):
     from autospec.models.pair import load_pair
     spec = named_pair(name)
     target, draft = spec.locate()
-    exit_dir = spec.exit_dir()
+    exit_dir, eagle_dir = spec.exit_dir(), spec.eagle_dir()
     return load_pair(str(target), str(draft) if draft else None, dtype,
-                     exit=str(exit_dir) if exit_dir else None)
+                     exit=str(exit_dir) if exit_dir else None,
+                     eagle=str(eagle_dir) if eagle_dir else None)
 
 
 def pair_name_for(target: str, draft: str | None) -> str | None:

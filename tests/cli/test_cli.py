@@ -31,7 +31,7 @@ def test_generate_json_telemetry(pair_args):
 
 @pytest.mark.parametrize("args, message", [
     (["--prompt", ""], "empty prompt"),
-    (["--prompt", "x", "--drafter", "ngarm"], "unknown drafter 'ngarm' (known: draft-model, early-exit, ngram, suffix, synthetic"),
+    (["--prompt", "x", "--drafter", "ngarm"], "unknown drafter 'ngarm' (known: draft-model, eagle, early-exit, ngram, suffix, synthetic"),
     (["--prompt", "x", "--k", "0"], "k must be >= 1, got 0"),
     (["--prompt", "x", "--k", "-3"], "k must be >= 1, got -3"),
     (["--prompt", "x", "--temperature", "-1"], "temperature must be >= 0, got -1.0"),

@@ -15,6 +15,7 @@ import torch
 from autospec.engine.loop import Engine
 
 from autospec.engine.request import StaticController
+from autospec.models.eagle_head import EagleHead
 from autospec.models.pair import ModelPair
 from conftest import IdTokenizer, random_llama
 from scipy_free_stats import chi2_pvalue
@@ -30,7 +31,9 @@ SAMPLES = int(os.environ.get("AUTOSPEC_SAMPLING_SAMPLES", "25000"))
 def engine():
     target = random_llama(VOCAB, seed=0, scale=8.0, layers=1)
     draft = random_llama(VOCAB, seed=1, scale=8.0, layers=1)
-    return Engine(ModelPair(target, IdTokenizer(), draft))
+    torch.manual_seed(2)  # a random feature head: its draws differ from the target's
+    eagle = EagleHead(target, torch.arange(VOCAB)).eval()
+    return Engine(ModelPair(target, IdTokenizer(), draft, eagle=eagle))
 
 
 @torch.no_grad()
@@ -44,7 +47,7 @@ def exact_distribution(target, temperature):
     return probs
 
 
-@pytest.mark.parametrize("drafter", ["draft-model", "ngram"])
+@pytest.mark.parametrize("drafter", ["draft-model", "ngram", "eagle"])
 def test_speculative_sampling_matches_target(engine, drafter):
     temperature = 1.0
     exact = exact_distribution(engine.models.target, temperature)

@@ -54,6 +54,9 @@ def test_the_shipped_draft_and_exit_are_wired_to_the_fetched_target(engine):
     assert models.default_exit_layer == 4
     assert models.early_exit_view(4) is models.exit_model
     assert models.exit_model.model.layers[0] is models.target.model.layers[0]
+    if models.eagle is not None:  # the feature head: the target's embedding, its head's rows
+        assert models.eagle.embed is models.target.get_input_embeddings()
+        assert "eagle" in models.runnable_drafters()
 
 
 def test_every_method_is_identical_to_plain(engine, prompts):
@@ -61,6 +64,8 @@ def test_every_method_is_identical_to_plain(engine, prompts):
     methods = [("ngram", 4), ("early-exit", 2)]
     if engine.models.draft is not None:
         methods.append(("draft-model", 4))
+    if engine.models.eagle is not None:
+        methods += [("eagle", 1), ("eagle", 3)]
     for p in prompts:
         ids = prompt_ids(engine, p)
         plain = engine.generate(ids, controller=StaticController(None, 0), max_new_tokens=TOKENS)
