@@ -43,22 +43,33 @@ class AdaptiveController:
 
     def __post_init__(self):
         s = self.settings
-        self.drafters = tuple(d for d in s.drafters if self.available is None or d in self.available)
+        self._choose_drafters()
         self.costs = CostModel(s.k_max, stale_after=s.cost_stale_steps)
         self.priors: dict[str, dict[str, AcceptanceEstimate]] = {}
         # per-step outcomes not yet folded into the pooled per-workload estimates: those are
         # read only when a request starts (or a snapshot is taken), so they are updated then,
         # in one vectorised pass, instead of on every step's path
         self._pending: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-        self.hints = {d: drafter_class(d).cost_hint for d in self.drafters}
         self.rng = np.random.default_rng(s.seed)
         self.thompson = GaussianThompson(self.rng)
         self._requests: dict[str, _RequestState] = {}
-        # look-up drafters besides n-gram (which the controller indexes itself): their
-        # proposal is seen before deciding (Engine.peek), its length and confidence are evidence
+        self.batch_cost = BatchCost()  # s(B, P) of a batched step (controller/batch.py)
+
+    def _choose_drafters(self) -> None:
+        self.drafters = tuple(d for d in self.settings.drafters
+                              if self.available is None or d in self.available)
+        self.hints = {d: drafter_class(d).cost_hint for d in self.drafters}
+        # look-up drafters besides n-gram (indexed here): their proposal is seen before
+        # deciding (Engine.peek), its length and confidence are evidence
         self.peeking = tuple(d for d in self.drafters
                              if d != "ngram" and drafter_class(d).peekable)
-        self.batch_cost = BatchCost()  # s(B, P) of a batched step (controller/batch.py)
+
+    def attach(self, models) -> None:
+        """The engine's pair, before each step: made without `available`, keep the drafters
+        it can run (no feature head, no eagle), once, before any decision."""
+        if self.available is None and not self._requests:
+            self.available = models.runnable_drafters()
+            self._choose_drafters()
 
     # -- state ---------------------------------------------------------------------------
     def _prior(self, workload: str | None) -> dict[str, AcceptanceEstimate]:
@@ -127,8 +138,7 @@ class AdaptiveController:
         return taken
 
     # -- the fast path -------------------------------------------------------------------
-    def decide(self, request) -> tuple[str | None, int]:
-        """(drafter, K) for one request: a batch of one."""
+    def decide(self, request) -> tuple[str | None, int]:  # a batch of one
         return self.decide_batch([request])[0]
 
     def decide_batch(self, requests) -> list[tuple[str | None, int]]:
@@ -180,14 +190,13 @@ class AdaptiveController:
         """The step's prices at `rows` rows. Batch 1: the measured forward sizes plus the
         per-step overhead (CostModel.step_list). A batch: the batch line (BatchCost: a + b B +
         c P, + j where any row drafts) and the per-row overhead; a row's share s(B, B) / B +
-        c k (+ j / B). None (every row plain) until the batch line is measured."""
+        c k (+ j / B)."""
         if rows == 1:
-            steps = self.costs.step_list()
-            line = self.costs.line()
+            steps, line = self.costs.step_list(), self.costs.line()
             base, slope = line if line is not None else (steps[0], 0.0)
             return Prices(1, base + self.costs.overhead, slope, steps, steps)
         fitted = self.batch_cost.line(self.costs.line())
-        if fitted is None:
+        if fitted is None:  # every row plain until the batch line is measured
             return None
         a, b, c, jump = fitted
         fixed = a + (b + c + self.batch_cost.row_overhead) * rows
@@ -198,8 +207,8 @@ class AdaptiveController:
                       jump)
 
     def _look_up(self, state: _RequestState, request) -> dict[str, int]:
-        """Each look-up drafter's proposal length now (n-gram's, the peeked ones'): positions
-        past it cannot be drafted, and with none at all that drafter is no option this step."""
+        """Each look-up drafter's proposal length now (n-gram's, the peeked ones'): how far it
+        can draft this step (0: not at all)."""
         lengths = {}
         if "ngram" in self.drafters:
             proposal = self._lookup(state, request)
@@ -231,8 +240,7 @@ class AdaptiveController:
             draws = self.thompson.draws(estimates, limits)
         else:
             draws = [e.mean_list() for e in estimates]
-        # a drafter not yet run in this request first prefills its cache with the whole
-        # context: charge that, spread over the rounds a switch would serve
+        # a drafter's first run in a request prefills its cache: spread over SWITCH_HORIZON
         context = len(request.tokens)
         switch_s = [0.0 if d in state.used else
                     self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
@@ -241,10 +249,9 @@ class AdaptiveController:
         return None if index == PLAIN else names[index]
 
     def _lookup(self, state: _RequestState, request) -> list[int]:
-        """n-gram's proposal now. Through the engine (`request.peek`) where the request's n-gram
-        drafter matches the same n-grams: its index then serves the controller too (the context
-        is indexed once, not twice) and the step reuses the look-up; else the controller's own
-        index (a replayed request has no drafters)."""
+        """n-gram's proposal now: through the engine (`request.peek`) where the request's
+        n-gram drafter matches the same n-grams (one index; the step reuses the look-up), else
+        the controller's own index (a replayed request has no drafters)."""
         peek = getattr(request, "peek", None)
         k_max = self.settings.k_max
         if peek is not None:
@@ -264,10 +271,9 @@ class AdaptiveController:
         return None if state.pooled is None else (state.pooled[0][i], state.pooled[1][i])
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
-        """What to decide from: the estimate of the drafter's regime this step — its proposal's
-        confidence bucket (suffix), else the hot regime right after a fully accepted draft —
-        while that rests on at least MIN_HOT_EVIDENCE drafts (as where acceptance is not bursty
-        and full accepts are rare); else the drafter's estimate over all its steps."""
+        """The estimate of the drafter's regime this step (its proposal's confidence bucket,
+        else hot after a fully accepted draft) while that rests on MIN_HOT_EVIDENCE drafts;
+        else the drafter's estimate over all its steps."""
         regime = self._regime(state, drafter)
         if regime is not False:
             estimate = self._regime_estimate(state, drafter, regime)
@@ -301,16 +307,15 @@ class AdaptiveController:
         state.hot[drafter] = 0 < accepted == proposed
 
     def _draft_seconds(self, drafter: str, shares: list[float]) -> float:
-        """A drafted token's measured seconds; before any, the drafter's cost hint (a fraction
-        of a target forward) of batch 1's plain forward, or where no batch of one has run (a
-        closed loop of N clients) of a row's plain share of the step."""
+        """A drafted token's measured seconds; before any, the drafter's cost hint times batch
+        1's plain forward, or (no batch of one yet) a row's plain share of the step."""
         if self.costs.observed == 0 and drafter not in self.costs.draft:
             return self.hints[drafter] * shares[0]
         return self.costs.draft_seconds(drafter, self.hints[drafter])
 
     def _cap_k(self, draft_seconds: float, steps: list[float]) -> int:
-        """The longest K whose step (K drafted tokens, a forward of K + 1) is predicted within
-        `step_cap` plain steps (k_max without a cap; 0 where even K = 1 is over it)."""
+        """The longest K whose step is predicted within `step_cap` plain steps (k_max without
+        a cap; 0 where even K = 1 is over it)."""
         cap, k_max = self.settings.step_cap, self.settings.k_max
         if not cap:
             return k_max
@@ -321,8 +326,8 @@ class AdaptiveController:
 
     def _ks(self, states: list[_RequestState], lengths: list[dict[str, int]],
             drafters: list[str | None], prices: Prices, max_step: float | None) -> list[int]:
-        """Every row's K for the step's goodput (batch_ks), each row drafting with its drafter
-        (None: plain) from its estimate's means, as far as its proposal reaches."""
+        """Every row's K for the step's goodput (batch_ks) from its drafter's means (None:
+        plain), as far as its proposal reaches."""
         means, draft_s = [], []
         for state, length, drafter in zip(states, lengths, drafters):
             if drafter is None:
@@ -336,21 +341,19 @@ class AdaptiveController:
 
     def update(self, record: StepRecord, request) -> None:
         state = self._state(request)
+        started = getattr(request, "step_started", None)  # set by a live engine, not replay
+        overhead = None if started is None else (time.perf_counter() - started
+                                                 - record.draft_seconds - record.verify_seconds)
         if record.batch_size > 1:
             # a batch's forward: every row reports it, each with 1 / rows of its weight
             self.batch_cost.observe(record.batch_size, record.batch_tokens,
                                     record.verify_seconds, 1.0 / record.batch_size)
-            started = getattr(request, "step_started", None)
-            if started is not None:
-                self.batch_cost.observe_overhead(started, record.batch_size,
-                                                 time.perf_counter() - started
-                                                 - record.draft_seconds - record.verify_seconds)
+            if overhead is not None:
+                self.batch_cost.observe_overhead(started, record.batch_size, overhead)
         else:
             self.costs.observe_verify(record.verify_tokens, record.verify_seconds)
-            started = getattr(request, "step_started", None)  # set by a live engine, not replay
-            if started is not None:
-                self.costs.observe_overhead(time.perf_counter() - started - record.draft_seconds
-                                            - record.verify_seconds)
+            if overhead is not None:
+                self.costs.observe_overhead(overhead)
         if record.drafter in self.drafters and record.k > 0:
             if record.drafter in state.used:
                 self.costs.observe_draft(record.drafter, record.draft_seconds, record.proposed)
@@ -387,13 +390,11 @@ class AdaptiveController:
 
         Only the `emitted` tokens are known to be the target's; a proposal longer than that is
         censored there (positions past it are left unobserved)."""
-        state = self._requests[request.request_id]
-        before = len(request.tokens) - emitted
+        state, before = self._requests[request.request_id], len(request.tokens) - emitted
         verified = request.tokens[before:]
         at, proposal = state.proposal
-        if at != before:  # not looked up at decide (the engine's first step): look it up now
+        if at != before:  # not looked up at decide (the engine's first step): now
             state.ngram.sync(request.tokens)  # O(new tokens); it answers for the prefix too
             proposal = state.ngram.propose(self.settings.k_max, at=before)
-        if not proposal:
-            return None  # nothing to draft: the decision rules n-gram out of such steps
-        return _score(proposal, verified)
+        # nothing to draft: the decision rules n-gram out of such steps
+        return _score(proposal, verified) if proposal else None

@@ -10,14 +10,12 @@ times), a server's decode thread calls `advance` — the same step underneath. W
 and which k are *arguments* of the step; a Controller decides them between steps.
 
 Choices:
-- a joining request is prefilled by a forward of its own (batch 1, into its row): simplest
-  correct; a long prompt then delays the other rows' step once, as in a non-chunked server.
-- drafting: a model drafter (draft model, early exit) drafts all its rows in one forward per
+- a joining request is prefilled by a forward of its own (batch 1, into its row).
+- a model drafter (draft model, early exit, eagle) drafts all its rows in one forward per
   draft position (`Drafter.batch_drafting`); look-up drafters (n-gram, suffix) row by row.
 - a request must fit its row: prompt + max_new_tokens <= max_len, checked when it joins.
-- telemetry: a StepRecord per row; verify_seconds is the step's verify phase (every row
-  waited for all of it), batch_tokens the positions the forward computed (real tokens packed,
-  rows x width where the model cannot pack); each row is charged 1/batch_size of the weights.
+- a StepRecord per row; verify_seconds is the step's verify phase (every row waited for it),
+  batch_tokens the positions the forward computed; a row is charged 1/B of the weights.
 """
 from __future__ import annotations
 
@@ -121,9 +119,8 @@ class Engine:
         request.slot = slot
 
     def finish(self, request: Request) -> Generation:
-        """Free the request's row (the next request may join it) and summarise. Its drafters
-        are told it ended (`finish`), here and not in a finalizer: what they publish (the
-        suffix drafter's output, to the shared index) is there before the next request."""
+        """Free the request's row and summarise. Its drafters are told (`finish`) here, not in
+        a finalizer: what they publish (suffix: to the shared index) precedes the next request."""
         self.abandon(request)
         for drafter in request.drafters.values():
             drafter.finish(self._context(request))
@@ -159,8 +156,8 @@ class Engine:
         return request.drafters[name]
 
     # -- the step -------------------------------------------------------------------------
-    def step(self, request: Request, drafter_name: str | None, k: int) -> list[int]:
-        return self.step_batch([(request, drafter_name, k)])[0]  # a batch of one
+    def step(self, request: Request, drafter_name: str | None, k: int) -> list[int]:  # B = 1
+        return self.step_batch([(request, drafter_name, k)])[0]
 
     @torch.inference_mode()
     def step_batch(self, decisions: Sequence[tuple[Request, str | None, int]]) -> list[list[int]]:
@@ -259,10 +256,8 @@ class Engine:
                             self.cache.hidden_of(request.slot))
 
     def _draft_batched(self, decisions: Sequence[tuple[Request, str | None, int]]) -> None:
-        """The drafts of every row whose drafter drafts in batches (`Drafter.batch_drafting`),
-        one batched drafting per such drafter; each row's draft is left where `propose` takes
-        a look-up drafter's (Request.peeked), and each is charged the whole drafting's seconds
-        (every row waited for all of it)."""
+        """One batched drafting per drafter that has one (`Drafter.batch_drafting`), each row's
+        draft left in Request.peeked for `propose`, charged the whole drafting's seconds."""
         chosen: dict[str, list[tuple[Request, int]]] = {}
         for request, name, k in decisions:
             k = request.clamp(k, self.max_positions) if name else 0
@@ -299,6 +294,8 @@ class Engine:
         groups: dict[int, list[int]] = {}  # controller -> its rows, in row order
         for i, (_, controller) in enumerate(rows):
             groups.setdefault(id(controller), []).append(i)
+        for indices in groups.values():  # a controller learns which drafters this pair runs
+            getattr(rows[indices[0]][1], "attach", lambda models: None)(self.models)
         choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
         for indices in groups.values():
             decided = decide_batch(rows[indices[0]][1], [rows[i][0] for i in indices])

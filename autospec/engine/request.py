@@ -21,7 +21,8 @@ from autospec.telemetry import RequestRecord, StepRecord
 
 class Controller(Protocol):
     """Chooses (drafter name or None, k) before each step; told each step's record after.
-    A controller may also decide for a whole batch at once (`decide_batch(requests)`)."""
+    A controller may also decide for a whole batch at once (`decide_batch(requests)`), and
+    be told the pair it runs on before each step (`attach(models)`)."""
     def decide(self, request: "Request") -> tuple[str | None, int]: ...
     def update(self, record: StepRecord, request: "Request") -> None: ...
 

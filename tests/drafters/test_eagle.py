@@ -116,3 +116,13 @@ def test_eagle_without_a_head_is_a_clear_error(tiny_pair):
         Engine(tiny_pair).generate("x = 1", drafter="eagle", k=2, max_new_tokens=4)
     with pytest.raises(ModelLoadError, match="not a head made for a target"):
         load_pair(str(tiny_pair.target_name), eagle=str(tiny_pair.target_name))
+
+
+def test_a_controller_made_without_a_drafter_list_runs_only_what_the_pair_can(tiny_pair):
+    """AdaptiveController() lists eagle by default; on a pair with no feature head the engine
+    tells it so (attach) before its first decision."""
+    from autospec.controller.adaptive import AdaptiveController
+    controller = AdaptiveController()
+    assert "eagle" in controller.drafters
+    Engine(tiny_pair).generate("def f(x):", controller=controller, max_new_tokens=8)
+    assert "eagle" not in controller.drafters and "ngram" in controller.drafters
