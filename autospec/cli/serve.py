@@ -41,10 +41,18 @@ from autospec.serve.openai import TENANT_FIELDS
 @click.option("--max-queue", default=None, type=click.IntRange(min=1),
               help="Requests waiting for a row; one more is refused with HTTP 429 and a "
                    "Retry-After header. Default: 4 x --max-batch.")
+@click.option("--api-key", "api_keys", multiple=True, envvar="AUTOSPEC_API_KEY",
+              show_envvar=True, metavar="KEY",
+              help="Require `Authorization: Bearer KEY` on every /v1/* route (repeatable; "
+                   "prefer the env var: argv is visible in ps). Needed off loopback.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Keys, one a line, re-read when the file changes: rotate a key without a "
+                   "restart.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name, params_interval,
-          buffer_limit, no_share, share_outputs, tenant_field, max_batch, max_queue, log_level):
+          buffer_limit, no_share, share_outputs, tenant_field, max_batch, max_queue, api_keys,
+          api_key_file, log_level):
     """OpenAI /v1/completions and /v1/chat/completions (with SSE streaming) on the engine and
     the online controller."""
     from autospec.serve.client import DaemonClient
@@ -53,9 +61,14 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
     from autospec.engine.bandwidth import hardware_key, peak_bandwidth_gbs
     from autospec.serve.server import Server
 
-    if not is_loopback(host):
-        click.echo(f"warning: serving on {host}, reachable from the network, without "
-                   f"authentication", err=True)
+    from autospec.serve.auth import ApiKeys
+    try:
+        keys = ApiKeys(api_keys, api_key_file)
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--api-key-file") from None
+    if not is_loopback(host) and not keys.enabled:
+        raise click.UsageError(f"--host {host} is reachable from the network: give --api-key "
+                               f"(or AUTOSPEC_API_KEY, or --api-key-file)")
     if no_share and tenant_field:
         raise click.UsageError("--no-share shares nothing: there are no tenants to keep apart "
                                "(give one of --no-share, --tenant-field)")
@@ -75,7 +88,8 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
             raise click.BadParameter(str(exc), param_hint="--daemon") from None
     server = Server(engine, model_name or pair_name, client, params_interval,
                     tenant_field=tenant_field, share_outputs=share_outputs,
-                    max_batch=max_batch, max_queue=max_queue, decode_thread=False)
+                    max_batch=max_batch, max_queue=max_queue, decode_thread=False,
+                    api_keys=keys)
     raise SystemExit(serve_on_main_thread(server, host, port))
 
 

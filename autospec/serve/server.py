@@ -77,11 +77,12 @@ class Server:
                  params_interval: float = 5.0, max_tokens_limit: int | None = None,
                  tenant_field: str | None = None, share_outputs: bool = False,
                  max_batch: int | None = None, max_queue: int | None = None,
-                 decode_thread: bool = True):
+                 decode_thread: bool = True, api_keys=None):
         if tenant_field not in (None, *openai.TENANT_FIELDS):
             raise ValueError(f"tenant field {tenant_field!r}: expected one of "
                              f"{', '.join(openai.TENANT_FIELDS)}")
         self.engine = engine
+        self.api_keys = api_keys if api_keys is not None and api_keys.enabled else None
         self.tenant_field = tenant_field
         self.suffix = SuffixOptions.check(engine.drafter_options.get("suffix", {}))
         if share_outputs and (daemon is None or not self.suffix.share):
@@ -303,7 +304,17 @@ class Server:
         return web.json_response(body)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=4 * 1024 * 1024)
+        keys = self.api_keys
+
+        @web.middleware
+        async def guard(request: web.Request, handler):
+            if keys is not None and request.path.startswith("/v1/") and \
+                    not keys.allows(request.headers.get("Authorization")):
+                return _error(401, "missing or wrong API key (send Authorization: Bearer KEY)",
+                              kind="authentication_error")
+            return await handler(request)
+
+        app = web.Application(client_max_size=4 * 1024 * 1024, middlewares=[guard])
         app[SERVER] = self
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)

@@ -1,0 +1,118 @@
+"""`autospec serve` driven by the client people use: the `openai` Python SDK, against a real
+server process on loopback with API keys (tiny pair, a chat template on its target)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from processes import request, start, wait_for
+
+openai = pytest.importorskip("openai")
+
+CHAT = [{"role": "user", "content": "def add(a, b):"}]
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_dir):
+    from chat_models import chat_target
+    tmp = tmp_path_factory.mktemp("sdk")
+    target = chat_target(tiny_dir, tmp / "target")
+    keys = tmp / "keys"
+    keys.write_text("# one key a line\nkey-one\n")
+    serve = start(["serve", "--port", "0", "--target", str(target), "--draft",
+                   str(tiny_dir / "draft"), "--api-key-file", str(keys), "--max-batch", "1",
+                   "--max-queue", "1", "--model-name", "tiny"], tmp / "serve.log",
+                  env={"OMP_NUM_THREADS": "1", "AUTOSPEC_API_KEY": "key-env"})
+    yield serve, target, keys
+    serve.stop()
+
+
+def client(serve, key="key-one", **options):
+    return openai.OpenAI(base_url=f"{serve.url}/v1", api_key=key, **options)
+
+
+def test_completions_and_chat_through_the_sdk_equal_the_engine(served, tiny_dir):
+    from chat_models import chatml
+
+    from autospec.engine.loop import Engine
+    from autospec.models.pair import load_pair
+    serve, target, _ = served
+    engine = Engine(load_pair(str(target), str(tiny_dir / "draft")))
+    sdk = client(serve)
+    want = engine.generate(PROMPT, drafter=None, max_new_tokens=12).text
+    got = sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0)
+    assert got.choices[0].text == want
+    streamed = sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
+                                      stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == want
+    ids = engine.models.tokenizer.encode(chatml(CHAT), add_special_tokens=False)
+    want = engine.generate(ids, drafter=None, max_new_tokens=12).text
+    reply = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, temperature=0)
+    assert reply.choices[0].message.content == want
+    chunks = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12,
+                                         temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+
+
+def test_a_missing_or_wrong_key_is_a_401_and_health_stays_open(served):
+    serve, _, _ = served
+    with pytest.raises(openai.AuthenticationError, match="missing or wrong API key"):
+        client(serve, "wrong").completions.create(model="tiny", prompt="x", max_tokens=2)
+    assert client(serve, "key-env").completions.create(model="tiny", prompt="x", max_tokens=2)
+    assert request(serve.url, "GET", "/healthz")[0] == 200
+    status, body = request(serve.url, "GET", "/v1/models")  # no Authorization at all
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+
+
+def test_a_bad_field_is_a_bad_request_naming_it(served):
+    serve, _, _ = served
+    with pytest.raises(openai.BadRequestError, match="max_tokens") as caught:
+        client(serve).completions.create(model="tiny", prompt="x", max_tokens=-3)
+    assert caught.value.body["param"] == "max_tokens"
+
+
+def test_a_key_is_rotated_by_editing_the_file(served):
+    serve, _, keys = served
+    with pytest.raises(openai.AuthenticationError):
+        client(serve, "key-two").completions.create(model="tiny", prompt="x", max_tokens=2)
+    keys.write_text("key-one\nkey-two\n")
+    assert client(serve, "key-two").completions.create(model="tiny", prompt="x", max_tokens=2)
+    keys.write_text("key-two\n")
+    with pytest.raises(openai.AuthenticationError):
+        client(serve, "key-one").completions.create(model="tiny", prompt="x", max_tokens=2)
+    keys.write_text("key-one\n")
+
+
+def test_a_full_queue_is_a_429_the_sdk_retries(served):
+    """One row, one queue place: with both taken, the next request is refused with
+    Retry-After; the SDK (its own retries off) raises RateLimitError, and with retries on
+    gets through once a place frees."""
+    from concurrent.futures import ThreadPoolExecutor
+    serve, _, _ = served
+    once = client(serve, max_retries=0)
+    long = dict(model="tiny", prompt=PROMPT, max_tokens=300, temperature=0)
+    with ThreadPoolExecutor(2) as pool:
+        waiting = lambda: request(serve.url, "GET", "/healthz")[1]["waiting"]  # noqa: E731
+        busy = [pool.submit(once.completions.create, **long)]
+        time.sleep(0.2)  # sent, and taken into the row (the queue empty again)
+        assert wait_for(lambda: waiting() == 0)
+        busy.append(pool.submit(once.completions.create, **long))
+        assert wait_for(lambda: waiting() == 1), [f.exception() for f in busy if f.done()]
+        with pytest.raises(openai.RateLimitError) as caught:
+            once.completions.create(model="tiny", prompt="x", max_tokens=2)
+        assert int(caught.value.response.headers["Retry-After"]) >= 1
+        patient = client(serve, max_retries=8)
+        assert patient.completions.create(model="tiny", prompt="x", max_tokens=2).choices
+        assert all(len(future.result().choices[0].text) for future in busy)
+
+
+def test_off_loopback_without_a_key_is_refused_at_start(tiny_dir):
+    result = subprocess.run([sys.executable, "-m", "autospec", "serve", "--host", "0.0.0.0",
+                             "--target", str(tiny_dir / "target")], capture_output=True,
+                            text=True, timeout=120, env={"PATH": "/usr/bin:/bin",
+                                                         "HOME": str(tiny_dir)})
+    assert result.returncode == 2
+    assert "--api-key" in result.stderr and "0.0.0.0" in result.stderr
