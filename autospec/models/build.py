@@ -118,6 +118,8 @@ def build(preset_name: str = "reference", corpus_dir: Path | None = None,
                       "heldout_tokens": int(len(heldout_tokens)),
                       "heldout_rule": "sha1(relative path) % 10 == 0"}
     card["preset"] = asdict(preset)
+    if preset.chat_template:
+        tokenizer.chat_template = preset.chat_template
     save_pair(out_dir, target, draft, tokenizer, card)
     log(summary(card))
     return card

@@ -49,6 +49,15 @@ class Preset:
     max_corpus_files: int | None = None  # tiny trains on a slice of the corpus
     tokenizer_files: int | None = None
     notes: dict = field(default_factory=dict)
+    # the tokenizer's chat template (None: none, a chat is refused with a clear error)
+    chat_template: str | None = None
+
+
+# The reference pair's chat template: the messages' contents, one after another, each ending
+# in a newline, no role markers. Its target continues code and prose and was never taught a
+# dialogue format, so a chat is a prompt: `/v1/chat/completions` and `generate --chat` answer
+# on the default pair (a user message "def add(a, b):" gets its body), as a base model would.
+RAW_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n{% endfor %}"
 
 
 PRESETS = {
@@ -76,6 +85,7 @@ PRESETS = {
     # The shipped pair. About 60 minutes of 2-core CPU for the target and 8 for the draft.
     "reference": Preset(
         name="reference",
+        chat_template=RAW_CHAT_TEMPLATE,
         vocab_size=4096,
         max_positions=1024,
         target=ModelShape(layers=8, hidden=320, heads=5, ffn=864),

@@ -182,3 +182,15 @@ def test_replay_refuses_a_trace_of_another_pair(tmp_path):
     assert f"trace '{trace}' was recorded on pair 'reference', not 'smollm2'" in result.output
     result = invoke(["replay", str(trace), "--pair", "reference", "--controller", "plain"])
     assert result.exit_code == 0, result.output
+
+
+def test_the_reference_pair_answers_a_chat_as_a_prompt(reference_pair):
+    """The default pair ships a raw chat template (its target was never taught a dialogue
+    format): a chat is its messages' contents, each ending in a newline."""
+    from autospec.engine.loop import Engine
+    from autospec.models.chat import encode_chat
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    ids = encode_chat(reference_pair, messages)
+    assert reference_pair.tokenizer.decode(ids) == "def add(a, b):\n"
+    out = Engine(reference_pair).generate(ids, drafter=None, max_new_tokens=8)
+    assert out.token_ids
