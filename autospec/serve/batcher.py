@@ -166,10 +166,10 @@ class DecodeLoop:
             return []
         still = []
         for row, tokens in zip(active, emitted):
-            done = row.request.done
             try:
                 if row.on_tokens:
-                    row.on_tokens(tokens, done)
+                    row.on_tokens(tokens, row.request.done)
+                done = row.request.done  # or ended by on_tokens (a stop string)
                 if done:
                     generation = self.engine.finish(row.request)
             except Exception as exc:

@@ -1,10 +1,10 @@
 """OpenAI /v1/completions and /v1/chat/completions: request validation and response bodies.
 
 Completions: model, prompt (a string, a one-string list, or token ids), max_tokens, temperature,
-top_p, seed, stream, n = 1, and vLLM's top_k. Chat completions: the same with messages
+top_p, seed, stream, n = 1, stop (serve/stops.py), and vLLM's top_k. Chat completions: the same with messages
 (roles system, user, assistant; string content) instead of prompt, and max_completion_tokens as
 another name for max_tokens (whose default is then the model's context: OpenAI's chat has no
-cap). Fields OpenAI defines that this server does not implement (stop, logprobs, echo,
+cap). Fields OpenAI defines that this server does not implement (logprobs, echo,
 penalties, best_of, logit_bias, suffix; for chat also tools, response_format) are refused with
 400 unless they hold their no-op default — silently ignoring them would return wrong output.
 autospec's own field: "autospec": {"method": "adaptive" | "plain" | "static:DRAFTER:K",
@@ -29,16 +29,18 @@ from autospec.drafters.suffix import MAX_TENANT_CHARS
 from autospec.method import Method
 from autospec.method import parse_method as parse_method_text
 from autospec.models.chat import ChatError, check_messages
+from autospec.serve.stops import MAX_STOPS
 from autospec.telemetry import RequestRecord
 
 MAX_TOKENS_DEFAULT = 16  # OpenAI's default for /v1/completions
 TENANT_FIELDS = ("user", "autospec.tenant")  # where --tenant-field may read the tenant
-_NO_OP = {"stop": (None, [], ""), "logprobs": (None, 0), "echo": (False,), "suffix": (None, ""),
+_NO_OP = {"logprobs": (None, 0), "echo": (False,), "suffix": (None, ""),
           "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "best_of": (None, 1),
           "logit_bias": (None, {}), "stream_options": (None, {}), "user": None}
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "n", "autospec"}
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "n", "stop",
+           "autospec"}
 _FIELDS = {"prompt", *_COMMON, *_NO_OP}
-_CHAT_NO_OP = {"stop": (None, [], ""), "logprobs": (None, False), "top_logprobs": (None, 0),
+_CHAT_NO_OP = {"logprobs": (None, False), "top_logprobs": (None, 0),
                "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                "logit_bias": (None, {}), "stream_options": (None, {}), "tools": (None, []),
                "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
@@ -68,6 +70,7 @@ class Completion:
     model: str
     messages: tuple[dict, ...] | None = None  # a chat request (/v1/chat/completions)
     tenant: str | None = None  # keys the shared suffix index (only with --tenant-field)
+    stop: tuple[str, ...] = ()  # the output ends before the first match of any (serve/stops.py)
 
 
 def _number(payload: dict, name: str, default, lo: float, hi: float, integer: bool = False):
@@ -169,9 +172,22 @@ def _parse_common(payload: dict, model_name: str, max_tokens_limit: int, max_tok
         top_k=_number(payload, "top_k", 0, 0, 1 << 20, True),
         seed=_number(payload, "seed", 0, 0, 2 ** 63 - 1, True),
         stream=stream, method=parse_method(extension.get("method", "adaptive")),
+        stop=_stops(payload.get("stop")),
         workload=workload, model=model_name,
         tenant=_tenant({"user": payload.get("user"), "autospec.tenant": extension.get("tenant")},
                        tenant_field))
+
+
+def _stops(value) -> tuple[str, ...]:
+    """`stop`: null, a string or a list of up to 4 strings ("" and [] mean none)."""
+    stops = [value] if isinstance(value, str) else value
+    if stops is None:
+        return ()
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or \
+            not all(isinstance(s, str) for s in stops):
+        raise InvalidRequest(f"stop: expected a string or a list of up to {MAX_STOPS} strings, "
+                             f"got {value!r:.80}", "stop")
+    return tuple(s for s in stops if s)
 
 
 def _tenant(given: dict[str, object], tenant_field: str | None) -> str | None:

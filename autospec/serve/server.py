@@ -49,6 +49,7 @@ from autospec.policy import parameters_from_dict
 from autospec.serve import openai
 from autospec.serve.batcher import DecodeLoop, QueueFull, Row
 from autospec.serve.client import DaemonClient
+from autospec.serve.stops import StopStream, cut_at_stop
 
 log = logging.getLogger("autospec.serve")
 SERVER = web.AppKey("server", object)
@@ -168,10 +169,20 @@ class Server:
                                SamplingParams(req.temperature, req.top_k, req.top_p), req.seed,
                                workload=req.workload, method=str(req.method))
         request.drafter_options = self.options_for(req.tenant)
-        if not on_text:
+        if not on_text and not req.stop:
             return Row(request, controller)
         text = TextStream(engine.models.tokenizer)
-        return Row(request, controller, lambda tokens, done: on_text(text.add(tokens, final=done)))
+        stops = StopStream(req.stop) if req.stop else None
+
+        def on_tokens(tokens: list[int], done: bool) -> None:
+            delta = text.add(tokens, final=done)
+            if stops is not None:
+                delta, hit = stops.feed(delta, final=done)
+                if hit:  # the decode loop ends the request after this step
+                    request.finish_reason = "stop"
+            if on_text:
+                on_text(delta)
+        return Row(request, controller, on_tokens)
 
     # -- event loop ------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -214,7 +225,8 @@ class Server:
             generation = await self._finished(ticket)
             if isinstance(generation, web.Response):
                 return generation
-            return web.json_response(respond.whole(generation.text, generation.telemetry))
+            text = cut_at_stop(generation.text, req.stop)[0]
+            return web.json_response(respond.whole(text, generation.telemetry))
         task = asyncio.ensure_future(self._finished(ticket))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})

@@ -116,3 +116,26 @@ def test_off_loopback_without_a_key_is_refused_at_start(tiny_dir):
                                                          "HOME": str(tiny_dir)})
     assert result.returncode == 2
     assert "--api-key" in result.stderr and "0.0.0.0" in result.stderr
+
+
+def test_stop_through_the_sdk_streamed_and_not(served, tiny_dir):
+    """A stop string taken from the middle of the plain output: both responses end right
+    before it, with finish_reason stop; the stream never shows a piece of it."""
+    from autospec.engine.loop import Engine
+    from autospec.models.pair import load_pair
+    serve, target, _ = served
+    full = Engine(load_pair(str(target), str(tiny_dir / "draft"))).generate(
+        PROMPT, drafter=None, max_new_tokens=24).text
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    want = full[:full.find(stop)]
+    sdk = client(serve)
+    for method in ("plain", "static:ngram:4"):  # a stop inside one step's accepted drafts too
+        extra = {"autospec": {"method": method}}
+        got = sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
+                                     stop=[stop, "never seen"], extra_body=extra)
+        assert (got.choices[0].text, got.choices[0].finish_reason) == (want, "stop")
+        chunks = list(sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=24,
+                                             temperature=0, stop=stop, stream=True,
+                                             extra_body=extra))
+        assert "".join(c.choices[0].text for c in chunks) == want
+        assert chunks[-1].choices[0].finish_reason == "stop"
