@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 import functools
 
 from aiohttp import web
@@ -49,6 +50,7 @@ from autospec.policy import parameters_from_dict
 from autospec.serve import openai
 from autospec.serve.batcher import DecodeLoop, QueueFull, Row
 from autospec.serve.client import DaemonClient
+from autospec.serve.metrics import ServeMetrics
 from autospec.serve.stops import StopStream, cut_at_stop
 
 log = logging.getLogger("autospec.serve")
@@ -106,6 +108,7 @@ class Server:
         self.params: dict | None = None  # the last GET /v1/params answer
         self.controllers: dict[str | None, AdaptiveController] = {}
         self.served = 0
+        self.metrics = ServeMetrics()
 
     # -- decode thread ---------------------------------------------------------------------
     def controller(self, workload: str | None) -> AdaptiveController:
@@ -169,12 +172,15 @@ class Server:
                                SamplingParams(req.temperature, req.top_k, req.top_p), req.seed,
                                workload=req.workload, method=str(req.method))
         request.drafter_options = self.options_for(req.tenant)
-        if not on_text and not req.stop:
-            return Row(request, controller)
-        text = TextStream(engine.models.tokenizer)
+        text = TextStream(engine.models.tokenizer) if on_text or req.stop else None
         stops = StopStream(req.stop) if req.stop else None
+        last = None  # when its last chunk was delivered (metrics)
 
         def on_tokens(tokens: list[int], done: bool) -> None:
+            nonlocal last
+            last = self.metrics.chunk(request.started, last, time.perf_counter())
+            if text is None:
+                return
             delta = text.add(tokens, final=done)
             if stops is not None:
                 delta, hit = stops.feed(delta, final=done)
@@ -205,6 +211,7 @@ class Server:
             if req.messages is not None:
                 req = await asyncio.wrap_future(self.decode.call(self.render, req))
         except openai.InvalidRequest as exc:
+            self.metrics.refuse("bad_request")
             return _error(400, str(exc), exc.param)
         deltas: asyncio.Queue = asyncio.Queue()
         on_text = lambda delta: delta and loop.call_soon_threadsafe(deltas.put_nowait, delta)  # noqa: E731
@@ -212,14 +219,14 @@ class Server:
             ticket = self.decode.submit(functools.partial(self.admit, req,
                                                           on_text if req.stream else None))
         except QueueFull as exc:
+            self.metrics.refuse("queue_full")
             return _error(429, str(exc), kind="server_overloaded",
                           headers={"Retry-After": str(exc.retry_after)})
         try:  # refused before the first token (too long for a row): a plain 400, even streaming
             await asyncio.wrap_future(ticket.started)
-        except openai.InvalidRequest as exc:
-            return _error(400, str(exc), exc.param)
-        except ValueError as exc:
-            return _error(400, str(exc))
+        except ValueError as exc:  # openai.InvalidRequest too
+            self.metrics.refuse("bad_request")
+            return _error(400, str(exc), getattr(exc, "param", None))
         respond = openai.Responder(req.messages is not None, self.model_name)
         if not req.stream:
             generation = await self._finished(ticket)
@@ -268,6 +275,7 @@ class Server:
             log.exception("decoding failed", exc_info=exc)
             return _error(500, f"decoding failed: {exc}", kind="server_error")
         self.served += 1
+        self.metrics.done(generation.telemetry)
         if self.daemon is not None:
             self.daemon.submit(generation.telemetry)
         return generation
@@ -315,6 +323,13 @@ class Server:
                               "unacknowledged": d.unacknowledged, **vars(d.stats)}
         return web.json_response(body)
 
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        cache = self.batch.cache
+        body = self.metrics.render(self.model_name, self.decode.waiting,
+                                   cache.max_batch - len(cache.free), cache.max_batch)
+        return web.Response(text=body, content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
     def app(self) -> web.Application:
         keys = self.api_keys
 
@@ -322,6 +337,7 @@ class Server:
         async def guard(request: web.Request, handler):
             if keys is not None and request.path.startswith("/v1/") and \
                     not keys.allows(request.headers.get("Authorization")):
+                self.metrics.refuse("unauthorized")
                 return _error(401, "missing or wrong API key (send Authorization: Bearer KEY)",
                               kind="authentication_error")
             return await handler(request)
@@ -332,6 +348,7 @@ class Server:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/metrics", self.metrics_page)
         return app
 
 

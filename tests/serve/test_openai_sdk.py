@@ -139,3 +139,22 @@ def test_stop_through_the_sdk_streamed_and_not(served, tiny_dir):
                                              extra_body=extra))
         assert "".join(c.choices[0].text for c in chunks) == want
         assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_metrics_are_served_open_and_count_what_happened(served):
+    """Run last in this module: the requests above, refusals included, are in the counts."""
+    import re
+    serve, _, _ = served
+    status, text = request(serve.url, "GET", "/metrics")  # no key: open, like /healthz
+    assert status == 200
+    for line in ('autospec_serve_requests_total{model="tiny",finish_reason="stop"}',
+                 'autospec_serve_refused_total{model="tiny",reason="unauthorized"}',
+                 'autospec_serve_refused_total{model="tiny",reason="queue_full"}',
+                 'autospec_serve_refused_total{model="tiny",reason="bad_request"}',
+                 'autospec_serve_draft_tokens_total{model="tiny",drafter="ngram",result="accepted"}',
+                 'autospec_serve_queue_depth{model="tiny"} 0',
+                 'autospec_serve_batch_rows_max{model="tiny"} 1'):
+        assert line in text, line
+    served_count = int(re.search(r'time_to_first_token_seconds_count (\d+)', text).group(1))
+    assert served_count >= 10
+    assert int(re.search(r'chunk_gap_seconds_bucket\{le="\+Inf"\} (\d+)', text).group(1)) > 0
