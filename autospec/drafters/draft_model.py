@@ -120,17 +120,15 @@ class BatchDraftModel:
         return logits[rows, torch.tensor([column[len(ids) - 1] for ids in inputs])].float()
 
 
-class CachedLMDrafter(Drafter):
-    """Drafts autoregressively from any causal LM, in a one-row cache of its own."""
+class OneRowDrafter(Drafter):
+    """A per-request drafter that drafts through a batched drafting of one row of its own,
+    made at the first proposal (the engine drafts its rows of such drafters in its own
+    batched drafting, and this row would go unused)."""
+    drafting = None
 
-    def __init__(self, model):
-        self.model = model
-        # one row of the model's positions (the cache grows as used), made at the first
-        # proposal: the engine drafts its draft-model rows itself, and this row would go
-        # unused; a subclass's `pick` chooses each draft token (synthetic: a set acceptance)
-        self.drafting: BatchDraftModel | None = None
-
-    pick = staticmethod(BatchDraftModel.pick)
+    def one_row(self):
+        """The batched drafting over one row (BatchDraftModel, BatchEagle)."""
+        raise NotImplementedError
 
     def reset(self) -> None:
         if self.drafting is not None:
@@ -140,9 +138,22 @@ class CachedLMDrafter(Drafter):
         if k <= 0:
             return Draft.empty()
         if self.drafting is None:
-            self.drafting = BatchDraftModel(self.model, 1, pick=self.pick)
+            self.drafting = self.one_row()
         drafts, _ = self.drafting.propose([DraftRow(0, ctx, k)])
         return drafts[0]
+
+
+class CachedLMDrafter(OneRowDrafter):
+    """Drafts autoregressively from any causal LM, in a one-row cache of its own; a
+    subclass's `pick` chooses each draft token (synthetic: a set acceptance)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    pick = staticmethod(BatchDraftModel.pick)
+
+    def one_row(self) -> BatchDraftModel:
+        return BatchDraftModel(self.model, 1, pick=self.pick)
 
 
 @register("draft-model")

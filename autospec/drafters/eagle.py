@@ -22,10 +22,9 @@ import time
 
 import torch
 
-from autospec.drafters.base import Draft, DraftContext, Drafter, register
-from autospec.drafters.draft_model import BatchDraftModel, DraftRow
+from autospec.drafters.base import Draft, register
+from autospec.drafters.draft_model import BatchDraftModel, DraftRow, OneRowDrafter
 from autospec.models.kv import RowCache
-from autospec.models.pair import weight_bytes
 
 
 class BatchEagle:
@@ -105,7 +104,7 @@ class BatchEagle:
 
 
 @register("eagle")
-class EagleDrafter(Drafter):
+class EagleDrafter(OneRowDrafter):
     # the head is one decoder layer at the target's width: ~1/30 of SmolLM2's step
     cost_hint = 0.05
 
@@ -114,7 +113,6 @@ class EagleDrafter(Drafter):
             raise ValueError("drafter 'eagle' needs a feature head (the smollm2 pair ships "
                              "one; `autospec models build --preset smollm2-eagle` makes it)")
         self.models = models
-        self.drafting: BatchEagle | None = None  # one row of its own, made at first use
 
     @classmethod
     def runs_on(cls, models) -> bool:
@@ -124,14 +122,5 @@ class EagleDrafter(Drafter):
     def batch_drafting(cls, models, max_batch: int, max_len: int, **options):
         return BatchEagle(models.eagle, max_batch, max_len) if models.eagle is not None else None
 
-    def reset(self) -> None:
-        if self.drafting is not None:
-            self.drafting.reset(0)
-
-    def propose(self, ctx: DraftContext, k: int) -> Draft:
-        if k <= 0:
-            return Draft.empty()
-        if self.drafting is None:
-            self.drafting = BatchEagle(self.models.eagle, 1, self.models.max_positions)
-        drafts, _ = self.drafting.propose([DraftRow(0, ctx, k)])
-        return drafts[0]
+    def one_row(self) -> BatchEagle:
+        return BatchEagle(self.models.eagle, 1, self.models.max_positions)

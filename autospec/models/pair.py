@@ -239,27 +239,24 @@ def load_pair(target: str | None = None, draft: str | None = None,
                 f"draft model '{draft}' has another vocabulary than target '{target}': "
                 f"{draft_model.config.vocab_size} vs {target_model.config.vocab_size}")
     exit_model = _load_shared(exit, target_model, torch_dtype, "trained exit") if exit else None
-    eagle_model = _load_eagle(eagle, target_model, torch_dtype) if eagle else None
+    eagle_model = (_load_shared(eagle, target_model, torch_dtype, "feature head", head=True)
+                   if eagle else None)
     return ModelPair(target_model, tokenizer, draft_model, target, draft, exit_model, eagle_model)
 
 
-def _load_eagle(path: str, target_model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    from autospec.models.eagle_head import is_eagle_head, load_eagle_head
-    if not is_eagle_head(path):
-        raise ModelLoadError(f"feature head '{path}' is not a head made for a target (no "
-                             f"autospec_eagle in its config.json)")
+def _load_shared(path: str, target_model: nn.Module, dtype: torch.dtype, role: str,
+                 head: bool = False) -> nn.Module:
+    """A model that borrows the target's tensors: a shared draft or trained exit
+    (models/shared_draft.py), or with `head` a feature head (models/eagle_head.py)."""
+    from autospec.models import eagle_head
+    made_for_target = eagle_head.is_eagle_head(path) if head else is_shared_draft(path)
+    if not made_for_target:
+        key = eagle_head.CONFIG_KEY if head else "autospec_draft"
+        raise ModelLoadError(f"{role} '{path}' is not a {'head' if head else 'draft'} made for "
+                             f"a target (no {key} in its config.json)")
+    load = eagle_head.load_eagle_head if head else load_shared_draft
     try:
-        return load_eagle_head(path, target_model, dtype)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load feature head '{path}': {exc}") from None
-
-
-def _load_shared(path: str, target_model: nn.Module, dtype: torch.dtype, role: str) -> nn.Module:
-    if not is_shared_draft(path):
-        raise ModelLoadError(f"{role} '{path}' is not a draft made for a target (no "
-                             f"autospec_draft in its config.json)")
-    try:
-        return load_shared_draft(path, target_model, dtype)
+        return load(path, target_model, dtype)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load {role} '{path}': {exc}") from None
 

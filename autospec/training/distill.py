@@ -25,7 +25,6 @@ import hashlib
 import json
 import math
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from tqdm import tqdm
 
 from autospec.models.shared_draft import own_state
 from autospec.training.card import save_draft, write_card
-from autospec.models.train import save_checkpoint
+from autospec.training.loop import train_steps
 from autospec.paths import SMOLLM2_SHIPPED_DIR, build_dir, smollm2_dir
 
 
@@ -75,7 +74,6 @@ RECIPE = DistillRecipe()
 # 4 layers, then one trained layer (a copy of its last) with its own norm and subset head.
 EXIT_RECIPE = DistillRecipe(keep_layers=(0, 1, 2, 3, 29), borrowed_layers=4)
 RECIPES = {"smollm2-draft": (RECIPE, "draft"), "smollm2-exit": (EXIT_RECIPE, "exit")}
-CHECKPOINT_EVERY = 50
 
 
 def work_dir() -> Path:
@@ -290,48 +288,14 @@ def distill_loss(draft, batch: dict, recipe: DistillRecipe) -> tuple[torch.Tenso
 
 def train_draft(draft, answers: list[dict], recipe: DistillRecipe, ckpt: Path,
                 quiet: bool = False, heldout: list[dict] | None = None) -> dict:
-    trainable = [p for p in draft.parameters() if p.requires_grad]  # not the borrowed embedding
-    optimizer = torch.optim.AdamW(trainable, lr=recipe.lr, betas=(0.9, 0.95),
-                                  weight_decay=0.1)
-    step, elapsed, history = 0, 0.0, []
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        draft.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, elapsed, history = state["step"], state["elapsed"], state.get("history", [])
-    draft.train()
-    bar = tqdm(total=recipe.steps, initial=step, desc="draft", disable=quiet, unit="step",
-               dynamic_ncols=True, mininterval=5)
-    started = time.perf_counter() - elapsed
-    ema = None
-    while step < recipe.steps:
-        rng = np.random.default_rng([recipe.seed, step])  # per step: resumes see the same batches
+    def step_loss(rng: np.random.Generator):
         picks = rng.choice(len(answers), recipe.batch, replace=False)
         batch = make_batch([answers[i] for i in picks], recipe, rng)
-        lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup)
-        lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / recipe.steps)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, answer_ce = distill_loss(draft, batch, recipe)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        ema = answer_ce if ema is None else 0.95 * ema + 0.05 * answer_ce
-        bar.set_postfix(answer_ce=f"{ema:.3f}", refresh=False)
-        bar.update(1)
-        if step % CHECKPOINT_EVERY == 0 or step == recipe.steps:
-            if heldout:
-                history.append({"step": step, "heldout_top1": top1_agreement(draft, heldout)})
-                draft.train()
-            save_checkpoint(ckpt, draft, optimizer, step, time.perf_counter() - started,
-                            history=history)
-    bar.close()
-    draft.eval()
-    return {"steps": step, "train_seconds": round(time.perf_counter() - started, 1),
-            "final_answer_ce": ema, "history": history}
+            return distill_loss(draft, batch, recipe)
+    evaluate = (lambda: {"heldout_top1": top1_agreement(draft, heldout)}) if heldout else None
+    return train_steps(draft, recipe, ckpt, step_loss, desc="draft", metric="answer_ce",
+                       evaluate=evaluate, quiet=quiet)
 
 
 @torch.inference_mode()

@@ -20,16 +20,12 @@ Everything intermediate lives in `paths.build_dir("smollm2-eagle")`.
 """
 from __future__ import annotations
 
-import math
 import os
 import random
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from autospec.paths import SMOLLM2_SHIPPED_DIR, build_dir
@@ -63,7 +59,6 @@ class EagleRecipe:
 
 
 RECIPE = EagleRecipe()
-CHECKPOINT_EVERY = 50
 
 
 def work_dir() -> Path:

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from autospec.drafters.base import DraftContext
 from autospec.drafters.draft_model import DraftRow
 from autospec.models.eagle_head import EagleHead, own_state, save_eagle_head
 from autospec.models.sampling import SamplingParams
-from autospec.models.train import save_checkpoint
+from autospec.training.loop import CHECKPOINT_EVERY, train_steps
 
-CHECKPOINT_EVERY = 50
 HELDOUT_ROWS = 32
 CHAIN = 4  # draft positions the held-out check scores
 
@@ -85,47 +81,14 @@ def head_loss(head: EagleHead, batch: dict, recipe) -> tuple[torch.Tensor, float
 
 def train_head(head: EagleHead, rows: list[dict], recipe, ckpt: Path, quiet: bool = False,
                heldout: list[dict] | None = None) -> dict:
-    trainable = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    step, elapsed, history = 0, 0.0, []
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        head.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, elapsed, history = state["step"], state["elapsed"], state.get("history", [])
-    head.train()
-    bar = tqdm(total=recipe.steps, initial=step, desc="eagle head", disable=quiet, unit="step",
-               dynamic_ncols=True, mininterval=5)
-    started = time.perf_counter() - elapsed
-    ema = None
-    while step < recipe.steps:
-        rng = np.random.default_rng([recipe.seed, step])  # per step: resumes see the same batches
+    def step_loss(rng: np.random.Generator):
         picks = rng.choice(len(rows), recipe.batch, replace=False)
-        batch = make_batch([rows[i] for i in picks], recipe, rng)
-        lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup)
-        lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / recipe.steps)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         # float32: this CPU has no bf16 matrix units (a bf16 matmul ran 5x slower)
-        loss, top1 = head_loss(head, batch, recipe)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        ema = top1 if ema is None else 0.95 * ema + 0.05 * top1
-        bar.set_postfix(top1=f"{ema:.3f}", loss=f"{float(loss):.3f}", refresh=False)
-        bar.update(1)
-        if step % CHECKPOINT_EVERY == 0 or step == recipe.steps:
-            if heldout and (step % (4 * CHECKPOINT_EVERY) == 0 or step == recipe.steps):
-                history.append({"step": step, "heldout_alpha": heldout_alpha(head, heldout)})
-                head.train()
-            save_checkpoint(ckpt, head, optimizer, step, time.perf_counter() - started,
-                            history=history)
-    bar.close()
-    head.eval()
-    return {"steps": step, "train_seconds": round(time.perf_counter() - started, 1),
-            "final_train_top1": ema, "history": history}
+        return head_loss(head, make_batch([rows[i] for i in picks], recipe, rng), recipe)
+    evaluate = (lambda: {"heldout_alpha": heldout_alpha(head, heldout)}) if heldout else None
+    return train_steps(head, recipe, ckpt, step_loss, desc="eagle head", metric="train_top1",
+                       evaluate=evaluate, eval_every=4 * CHECKPOINT_EVERY, weight_decay=0.0,
+                       quiet=quiet)
 
 
 @torch.no_grad()
