@@ -294,11 +294,11 @@ class Engine:
         groups: dict[int, list[int]] = {}  # controller -> its rows, in row order
         for i, (_, controller) in enumerate(rows):
             groups.setdefault(id(controller), []).append(i)
-        for indices in groups.values():  # a controller learns which drafters this pair runs
-            getattr(rows[indices[0]][1], "attach", lambda models: None)(self.models)
         choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
         for indices in groups.values():
-            decided = decide_batch(rows[indices[0]][1], [rows[i][0] for i in indices])
+            controller = rows[indices[0]][1]
+            getattr(controller, "attach", lambda models: None)(self.models)  # the pair it drives
+            decided = decide_batch(controller, [rows[i][0] for i in indices])
             for i, choice in zip(indices, decided):
                 choices[i] = choice
         t1 = time.perf_counter()
