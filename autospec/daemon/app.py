@@ -49,7 +49,7 @@ def parse_batch(body: bytes) -> tuple[str, str, str, list[RequestRecord], float 
     (instance, [(tenant, tokens)]) when the batch carries outputs."""
     try:
         payload = json.loads(body, parse_constant=_refuse_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting: fuzzing
         raise BadRequest(f"body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise BadRequest(f"expected a JSON object, got {type(payload).__name__}")

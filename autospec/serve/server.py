@@ -202,8 +202,8 @@ class Server:
         prompt ids, and the response bodies (openai.Responder); decoding is shared."""
         try:
             payload = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "body is not valid JSON")
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # found by fuzzing:
+            return _error(400, "body is not valid JSON")  # 2000-deep brackets were a 500
         loop = asyncio.get_running_loop()
         try:
             req = parse(payload, self.model_name, self.max_tokens_limit, self.tenant_field)
