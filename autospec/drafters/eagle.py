@@ -52,8 +52,7 @@ class BatchEagle:
             if hidden is None or len(hidden) != len(tokens) - 1:
                 raise ValueError("drafter 'eagle' needs the target's features for every cached "
                                  "position (an engine over a pair with a feature head)")
-            fed = min(self.fed[row.slot], len(tokens) - 2)  # at least one pair to feed
-            fed = max(fed, 0)
+            fed = max(0, min(self.fed[row.slot], len(tokens) - 2))  # at least one pair to feed
             self.cache.lengths[row.slot] = fed
             self.fed[row.slot] = len(tokens) - 1
             tokens_in.append(tokens[fed + 1:])  # x_{fed+1} .. x_{L-1}

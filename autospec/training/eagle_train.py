@@ -54,11 +54,11 @@ def make_batch(rows: list[dict], recipe, rng: np.random.Generator) -> dict:
         picks = rng.choice(prompt_pairs, min(prompt_pairs, recipe.prompt_positions), replace=False)
         scored[i, torch.from_numpy(np.asarray(picks, dtype=np.int64))] = True
         scored[i, first_answer - start:m] = True
-    valid = positions > 0
+    # noise on padding too: right-padded, causal and never scored, it reaches no loss
     scale = float(feats[answer].abs().mean())
     noise = (torch.rand(feats.shape, generator=torch.Generator().manual_seed(int(rng.integers(2**31))))
              * 2 - 1) * recipe.noise * scale
-    return {"ids": ids, "positions": positions, "features": feats + noise * valid[..., None],
+    return {"ids": ids, "positions": positions, "features": feats + noise,
             "targets": targets, "scored": scored, "answer": answer[scored]}
 
 
