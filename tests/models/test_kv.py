@@ -62,3 +62,27 @@ def test_an_engine_packs_its_target_and_other_forwards_keep_their_attention(refe
     eager = random_llama(32, seed=1)
     eager.config._attn_implementation = "eager"
     assert not pack_rows(eager) and eager.config._attn_implementation == "eager"
+
+
+def test_grouped_attention_is_sdpas_with_shared_kv_heads_and_the_rows_mask():
+    """Rows of a few tokens attend by grouped_attention (several rows) and by sdpa (one row, a
+    prefill): the same outputs, query heads sharing key/value heads (SmolLM2: 9 over 3)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from autospec.models.kv import grouped_attention, rows_attention
+
+    gen = torch.Generator().manual_seed(0)
+    n, heads, kv_heads, width, span, dim = 5, 9, 3, 3, 40, 16
+    query = torch.randn(n, heads, width, dim, generator=gen)
+    key, value = (torch.randn(n, kv_heads, span, dim, generator=gen) for _ in range(2))
+    lengths = torch.tensor([10, 37, 0, 20, 5])  # each row's cached tokens: its own mask
+    allowed = torch.arange(span)[None, None, :] <= (lengths[:, None, None] + torch.arange(width)[None, :, None])
+    mask = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)[:, None]
+
+    class Module:  # what transformers' sdpa reads off the attention module
+        num_key_value_groups, training, is_causal = heads // kv_heads, False, False
+
+    expected, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](Module(), query, key, value, mask, scaling=0.3, dropout=0.0)
+    torch.testing.assert_close(grouped_attention(query, key, value, mask, 0.3), expected)
+    out, _ = rows_attention(Module(), query, key, value, mask, scaling=0.3, dropout=0.0)
+    torch.testing.assert_close(out, expected)
