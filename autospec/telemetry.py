@@ -56,6 +56,10 @@ class StepRecord:
     batch_size: int = 1
     batch_tokens: int | None = None
     batch_width: int | None = None
+    # the step's seconds outside its verify forward and its drafting (the decision, accept,
+    # roll back, telemetry), as the live loop measured them (Engine.advance); None where
+    # nothing measured them (replay, a step driven without the loop)
+    overhead_seconds: float | None = None
 
     def __post_init__(self):
         if self.batch_tokens is None:

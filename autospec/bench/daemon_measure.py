@@ -164,9 +164,10 @@ def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
             "telemetry_acknowledged": health["daemon"]["acknowledged_records"]}
 
 
-def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain") -> dict:
-    """`autospec serve --max-batch N` under N closed-loop HTTP clients over the reference
-    workload, against the batched engine in this process over the same jobs (`Engine.run`
+def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain",
+               pair: str = "reference", prompts: Path | None = None, limit: int | None = None) -> dict:
+    """`autospec serve --pair P --max-batch N` under N closed-loop HTTP clients over a workload
+    (default: the pair's bench workload; chat rows go to /v1/chat/completions), against the batched engine in this process over the same jobs (`Engine.run`
     with N rows): throughput of each (output tokens / wall), every served output against batch-1
     plain decoding of its prompt, and the telemetry the daemon acknowledged. Run alternately:
     engine, serve, engine — the engine figure is the mean of its two runs. Each is warmed by
@@ -181,9 +182,9 @@ def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain") 
     from autospec.engine.loop import Engine
     from autospec.engine.request import Job
     from autospec.method import parse_method
-    from autospec.models.pairs import PAIRS
-    engine = autospec.load()
-    rows = load_prompts(PAIRS["reference"].workload("bench"))
+    from autospec.models.pairs import named_pair
+    engine = autospec.load(pair=pair)
+    rows = load_prompts(prompts or named_pair(pair).workload("bench"))[:limit]
     ids = [prompt_ids(engine, p) for p in rows]
     plain = [engine.generate(i, drafter=None, max_new_tokens=max_tokens) for i in ids]
     batched = Engine(engine.models, max_batch=clients, max_len=max(map(len, ids)) + max_tokens + 1)
@@ -198,19 +199,26 @@ def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain") 
 
     first = engine_run()
     proc, sock = start_daemon(tmp)
-    serve = spawn(["serve", "--port", "0", "--daemon", f"unix:{sock}", "--log-level", "warning",
+    serve = spawn(["serve", "--pair", pair, "--port", "0", "--daemon", f"unix:{sock}", "--log-level", "warning",
                    "--max-batch", str(clients)], tmp / "serve.log", timeout=300)
     outputs: dict[int, dict] = {}
     queue = list(range(len(ids)))
     lock = threading.Lock()
 
     def complete(i: int, tokens: int) -> dict:
-        body = json.dumps({"prompt": rows[i].prompt, "max_tokens": tokens, "temperature": 0,
-                           "autospec": {"method": method}}).encode()
-        request = urllib.request.Request(f"{serve.url}/v1/completions", body,
+        body = {"max_tokens": tokens, "temperature": 0, "autospec": {"method": method}}
+        if rows[i].messages is None:
+            body["prompt"], endpoint = rows[i].prompt, "completions"
+        else:
+            body["messages"], endpoint = list(rows[i].messages), "chat/completions"
+        request = urllib.request.Request(f"{serve.url}/v1/{endpoint}", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=600) as reply:
             return json.loads(reply.read())
+
+    def text(reply: dict) -> str:
+        choice = reply["choices"][0]
+        return choice["text"] if "text" in choice else choice["message"]["content"]
 
     def client() -> None:
         while True:
@@ -243,10 +251,10 @@ def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain") 
     second = engine_run()
     served = sum(o["usage"]["completion_tokens"] for o in outputs.values()) / wall
     engine_rate = (first + second) / 2
-    return {"clients": clients, "method": method, "requests": len(ids),
+    return {"pair": pair, "clients": clients, "method": method, "requests": len(ids),
             "serve_tokens_per_s": round(served, 2), "engine_tokens_per_s": round(engine_rate, 2),
             "serve_over_engine": round(served / engine_rate, 4),
-            "identical_to_plain": sum(outputs[i]["choices"][0]["text"] == plain[i].text
+            "identical_to_plain": sum(text(outputs[i]) == plain[i].text
                                       for i in range(len(ids))),
             "telemetry_acknowledged": health["daemon"]["acknowledged_records"]}
 
@@ -261,6 +269,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--pair", default="reference", help="serve-load: the named pair")
+    parser.add_argument("--workload", type=Path, help="serve-load: a workload JSONL (default: the pair's)")
+    parser.add_argument("--limit", type=int, help="serve-load: the workload's first N rows")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="autospec-measure-") as tmp:
         tmp = Path(tmp)
@@ -277,7 +288,8 @@ def main() -> None:
         elif args.what == "serve":
             result = serve_overhead(tmp, args.prompts, args.max_tokens)
         else:
-            result = serve_load(tmp, args.clients, args.max_tokens, args.method)
+            result = serve_load(tmp, args.clients, args.max_tokens, args.method, args.pair,
+                                args.workload, args.limit)
     print(json.dumps(result, indent=2))
 
 

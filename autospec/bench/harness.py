@@ -10,7 +10,7 @@ import json
 import os
 import platform
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -185,17 +185,10 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
 def choice_shares(steps) -> dict:
     """What a controller chose, as shares of its steps: {"drafters": {name: share}, "k":
     {K: share}} (the first repeat's steps)."""
-    drafters: dict[str, int] = defaultdict(int)
-    ks: dict[str, int] = defaultdict(int)
-    n = 0
-    for s in steps:
-        drafters[s.drafter] += 1
-        ks[str(s.k)] += 1
-        n += 1
-    if not n:
-        return {}
-    return {name: {key: round(c / n, 4) for key, c in sorted(counts.items(), key=lambda kv: -kv[1])}
-            for name, counts in (("drafters", drafters), ("k", ks))}
+    steps = list(steps)
+    counts = {"drafters": Counter(s.drafter for s in steps), "k": Counter(str(s.k) for s in steps)}
+    return {name: {key: round(c / len(steps), 4) for key, c in counted.most_common()}
+            for name, counted in counts.items()} if steps else {}
 
 
 def cell_stats(cells: list[Cell], same: bool | None) -> dict:

@@ -15,7 +15,6 @@ No I/O here, ever: the slow path (daemon) hands new settings in from outside.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,9 +140,10 @@ class AdaptiveController:
     def decide(self, request) -> tuple[str | None, int]:  # a batch of one
         return self.decide_batch([request])[0]
 
-    def decide_batch(self, requests) -> list[tuple[str | None, int]]:
+    def decide_batch(self, requests, peek=None) -> list[tuple[str | None, int]]:
         """(drafter, K) for every row of a step (Engine.advance asks this way), B >= 1 alike:
-        1. each row's look-ups (n-gram's proposal, a peeked one's): how far it can draft;
+        1. each row's look-ups (`peek(request, drafter, k)`, reused by the step; without it,
+           as in replay, n-gram's from the controller's own index): how far it can draft;
         2. each row's drafter at its share of the step (`Prices.shares`), under Thompson
            draws, with hysteresis;
         3. every row's K together for the step's goodput (controller/batch.py `batch_ks`):
@@ -152,7 +152,7 @@ class AdaptiveController:
         The prices are the step's at this batch size (`_prices`)."""
         rows = len(requests)
         states = [self._state(request) for request in requests]
-        lengths = [self._look_up(state, request) for state, request in zip(states, requests)]
+        lengths = [self._look_up(state, request, peek) for state, request in zip(states, requests)]
         if self.costs.observed == 0 and self.batch_cost.observed == 0:
             # first step of the engine's life: measure a plain step first (n-gram looked up
             # all the same: its index of the prompt is the drafter's work, and the
@@ -206,18 +206,17 @@ class AdaptiveController:
                                                      for k in range(1, self.settings.k_max + 1)],
                       jump)
 
-    def _look_up(self, state: _RequestState, request) -> dict[str, int]:
+    def _look_up(self, state: _RequestState, request, peek) -> dict[str, int]:
         """Each look-up drafter's proposal length now (n-gram's, the peeked ones'): how far it
         can draft this step (0: not at all)."""
         lengths = {}
         if "ngram" in self.drafters:
-            proposal = self._lookup(state, request)
+            proposal = self._lookup(state, request, peek)
             state.proposal = (len(request.tokens), proposal)  # the counterfactual reuses it
             lengths["ngram"] = len(proposal)
-        peek = getattr(request, "peek", None)
         if self.peeking and peek is not None:
             for drafter in self.peeking:
-                draft = peek(drafter, self.settings.k_max)
+                draft = peek(request, drafter, self.settings.k_max)
                 if draft is not None:
                     lengths[drafter] = len(draft.tokens)
                     if self.settings.confidence_buckets:
@@ -248,22 +247,15 @@ class AdaptiveController:
                                self.settings.hysteresis, switch_s)
         return None if index == PLAIN else names[index]
 
-    def _lookup(self, state: _RequestState, request) -> list[int]:
-        """n-gram's proposal now: through the engine (`request.peek`) where the request's
-        n-gram drafter matches the same n-grams (one index; the step reuses the look-up), else
-        the controller's own index (a replayed request has no drafters)."""
-        peek = getattr(request, "peek", None)
-        k_max = self.settings.k_max
+    def _lookup(self, state: _RequestState, request, peek) -> list[int]:
+        """n-gram's proposal now: the engine's n-gram drafter's look-up (`peek`: what the step
+        would draft, and reuses), else the controller's own index (replay has no engine)."""
         if peek is not None:
-            draft = peek("ngram", k_max)
-            index = getattr(request.drafters.get("ngram"), "index", None)
-            if draft is not None and index is not None and \
-                    (index.n_min, index.n_max) == tuple(self.settings.ngram_n):
-                state.ngram = index  # synced and looked up already
+            draft = peek(request, "ngram", self.settings.k_max)
+            if draft is not None:
                 return draft.tokens
-            request.peeked.pop("ngram", None)  # another n: the drafter's look-up is not ours
         state.ngram.sync(request.tokens)
-        return state.ngram.propose(k_max)
+        return state.ngram.propose(self.settings.k_max)
 
     def _explore(self, state: _RequestState, drafter: str) -> tuple[list, list] | None:
         """The workload's evidence a request's estimates of `drafter` draw with."""
@@ -339,21 +331,29 @@ class AdaptiveController:
             draft_s.append(self._draft_seconds(drafter, prices.shares))
         return batch_ks(means, draft_s, prices, max_step)
 
-    def update(self, record: StepRecord, request) -> None:
-        state = self._state(request)
-        started = getattr(request, "step_started", None)  # set by a live engine, not replay
-        overhead = None if started is None else (time.perf_counter() - started
-                                                 - record.draft_seconds - record.verify_seconds)
-        if record.batch_size > 1:
+    def update(self, record: StepRecord, request) -> None:  # a batch of one
+        self.update_batch([record], [request])
+
+    def update_batch(self, records, requests) -> None:
+        """The step's records of this controller's rows (Engine.advance tells them this way):
+        the step's costs once, then each row's estimates."""
+        first = records[0]
+        if first.batch_size > 1:
             # a batch's forward: every row reports it, each with 1 / rows of its weight
-            self.batch_cost.observe(record.batch_size, record.batch_tokens,
-                                    record.verify_seconds, 1.0 / record.batch_size)
-            if overhead is not None:
-                self.batch_cost.observe_overhead(started, record.batch_size, overhead)
+            for record in records:
+                self.batch_cost.observe(record.batch_size, record.batch_tokens,
+                                        record.verify_seconds, 1.0 / record.batch_size)
+            if first.overhead_seconds is not None:
+                self.batch_cost.observe_overhead(first.overhead_seconds / first.batch_size)
         else:
-            self.costs.observe_verify(record.verify_tokens, record.verify_seconds)
-            if overhead is not None:
-                self.costs.observe_overhead(overhead)
+            self.costs.observe_verify(first.verify_tokens, first.verify_seconds)
+            if first.overhead_seconds is not None:
+                self.costs.observe_overhead(first.overhead_seconds)
+        for record, request in zip(records, requests):
+            self._update(record, request)
+
+    def _update(self, record: StepRecord, request) -> None:
+        state = self._state(request)
         if record.drafter in self.drafters and record.k > 0:
             if record.drafter in state.used:
                 self.costs.observe_draft(record.drafter, record.draft_seconds, record.proposed)

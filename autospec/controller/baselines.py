@@ -63,7 +63,7 @@ class BatchTableController:
     def k_for(self, batch_size: int) -> int:
         return next((k for size, k in self.table if batch_size <= size), 0)
 
-    def decide_batch(self, requests) -> list[tuple[str | None, int]]:
+    def decide_batch(self, requests, peek=None) -> list[tuple[str | None, int]]:
         k = self.k_for(len(requests))
         return [(self.drafter if k else None, k)] * len(requests)
 

@@ -133,7 +133,6 @@ class BatchCost:
         # a one-off pause), 0 until measured. Charged to every width alike, it is what makes
         # fewer, longer steps worth their padding
         self._overhead = RunningMedian()
-        self._step: tuple[float, int, float] | None = None  # (step start, rows, max seen)
         self._line: tuple | None = None  # (anchor, (a, b, c, j)) until the next observation
 
     def observe(self, rows: int, positions: int, seconds: float, weight: float = 1.0) -> None:
@@ -148,19 +147,10 @@ class BatchCost:
         self.observed = self.observed * keep + weight
         self._line = None
 
-    def observe_overhead(self, started: float, rows: int, seconds: float) -> None:
-        """One row's view of a batch step's overhead: the step's wall time so far less its
-        forward and the row's draft. Rows report one after another, so a step's overhead is
-        the largest of its rows' (the last to report has seen all but its own update); it is
-        folded in when the next step's first row reports."""
-        if self._step is not None and self._step[0] != started:
-            _, step_rows, worst = self._step
-            self._overhead.observe(max(0.0, worst) / step_rows)
-            self._step = None
-        if self._step is None:
-            self._step = (started, rows, seconds)
-        else:
-            self._step = (started, rows, max(self._step[2], seconds))
+    def observe_overhead(self, seconds: float) -> None:
+        """One batch step's seconds per row outside its forward and drafts (Engine.advance
+        measures them once per step: StepRecord.overhead_seconds / rows)."""
+        self._overhead.observe(max(0.0, seconds))
 
     @property
     def row_overhead(self) -> float:

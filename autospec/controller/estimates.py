@@ -319,7 +319,7 @@ class CostModel:
 
     def observe_overhead(self, seconds: float) -> None:
         """One step's seconds outside its draft and its verify forward (the engine measures
-        them: Request.step_started); clipped at 0. The estimate is their running median."""
+        them: StepRecord.overhead_seconds); clipped at 0. The estimate is their running median."""
         self._overhead.observe(max(0.0, seconds))
         self._step = None
 

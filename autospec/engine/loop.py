@@ -9,13 +9,12 @@ loop over one row, `run` the loop over many (closed: N clients; open: requests s
 times), a server's decode thread calls `advance` — the same step underneath. Which drafter
 and which k are *arguments* of the step; a Controller decides them between steps.
 
-Choices:
-- a joining request is prefilled by a forward of its own (batch 1, into its row).
-- a model drafter (draft model, early exit, eagle) drafts all its rows in one forward per
-  draft position (`Drafter.batch_drafting`); look-up drafters (n-gram, suffix) row by row.
-- a request must fit its row: prompt + max_new_tokens <= max_len, checked when it joins.
-- a StepRecord per row; verify_seconds is the step's verify phase (every row waited for it),
-  batch_tokens the positions the forward computed; a row is charged 1/B of the weights.
+Choices: a joining request is prefilled by a forward of its own (batch 1, into its row), and
+must fit it (prompt + max_new_tokens <= max_len). A model drafter (draft model, early exit,
+eagle) drafts all its rows in one forward per draft position (`Drafter.batch_drafting`);
+look-up drafters (n-gram, suffix) row by row. A StepRecord per row: verify_seconds is the
+step's verify phase (every row waited for it), batch_tokens the positions the forward
+computed; a row is charged 1/B of the weights.
 """
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, creat
 from autospec.drafters.draft_model import DraftRow
 from autospec.engine.accept import accept_rows
 from autospec.engine.request import (Controller, Generation, Job, Proposal, Request, Round,
-                                     StaticController, decide_batch)
+                                     StaticController, decide_batch, update_batch)
 from autospec.models.kv import RowCache, cache_kwarg, pack_rows
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
 from autospec.models.sampling import SamplingParams
@@ -58,20 +57,11 @@ class Engine:
         # with a feature head on the pair, the cache keeps the target's last hidden states too
         self.cache = RowCache(models.target, max_batch, max_len,
                               keep_hidden=models.eagle is not None)
-        # rows of unequal widths verify packed, costing their real tokens (models/kv.py)
-        self.packed = pack_rows(models.target)
-        # drafters that draft all their rows of a step at once (the draft model, the early
-        # exit), each in a cache of its own, slot for slot: drafter name -> its batch drafting
-        # (None: the drafter has none), made the first time a row chooses the drafter
+        self.max_batch, self.max_positions = max_batch, max_len  # a request reaches a row's
+        self.packed = pack_rows(models.target)  # rows of unequal widths: their real tokens only
+        # the drafters that draft all their rows of a step at once (draft model, early exit,
+        # eagle: a cache of their own, slot for slot), made when a row first chooses one
         self.batch_drafting: dict[str, object | None] = {}
-
-    @property
-    def max_batch(self) -> int:
-        return self.cache.max_batch
-
-    @property
-    def max_positions(self) -> int:  # positions a request may reach: a row's
-        return self.cache.max_len
 
     # -- requests join and leave ----------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -93,7 +83,6 @@ class Engine:
             request_id=request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}",
             tokens=ids, prompt_len=len(ids), max_new_tokens=max_new_tokens, sampling=sampling,
             generator=torch.Generator().manual_seed(seed), workload=workload, method=method)
-        request.peek = functools.partial(self.peek, request)
         self.prefill(request)
         return request
 
@@ -136,17 +125,18 @@ class Engine:
             self.cache.release(request.slot)
             request.slot = None
 
-    def peek(self, request: Request, name: str, k: int) -> Draft | None:
+    def peek(self, looked: dict[int, dict[str, Proposal]], request: Request, name: str,
+             k: int) -> Draft | None:
         """The proposal look-up drafter `name` (`Drafter.peekable`: ngram, suffix; else None)
-        would make now, for a controller deciding before the step; the step that follows at
-        this context uses it (cut to its k) instead of drafting again."""
+        would make now, for a controller deciding before the step (`advance` binds `looked`):
+        kept in looked[slot][name], the step's draft at this context (cut to its k)."""
         drafter = self.drafter_for(request, name)
         if not drafter.peekable:
             return None
         t0 = time.perf_counter()
         draft = drafter.propose(self._context(request), k)
-        request.peeked[name] = Proposal(len(request.tokens), k, draft, time.perf_counter() - t0,
-                                        by_engine=False)
+        looked.setdefault(request.slot, {})[name] = Proposal(
+            len(request.tokens), k, draft, time.perf_counter() - t0, by_engine=False)
         return draft
 
     def drafter_for(self, request: Request, name: str) -> Drafter:
@@ -160,9 +150,11 @@ class Engine:
         return self.step_batch([(request, drafter_name, k)])[0]
 
     @torch.inference_mode()
-    def step_batch(self, decisions: Sequence[tuple[Request, str | None, int]]) -> list[list[int]]:
+    def step_batch(self, decisions: Sequence[tuple[Request, str | None, int]],
+                   looked: dict[int, dict[str, Proposal]] | None = None) -> list[list[int]]:
         """One speculative round for every (request, drafter, k) in one target forward.
-        Returns the tokens appended to each request."""
+        `looked`: the look-ups a controller made for this step (`peek`), by slot. Returns the
+        tokens appended to each request."""
         slots = [request.slot for request, _, _ in decisions]
         if len(set(slots)) != len(slots) or None in slots:
             raise ValueError("step_batch needs distinct requests, each started on this engine")
@@ -170,15 +162,13 @@ class Engine:
             # rows in slot order: where they hold consecutive slots the forward reads a view of
             # the cache, not a gather of every layer's K and V (RowCache's Bound.first)
             order = sorted(range(len(slots)), key=slots.__getitem__)
-            emitted = self.step_batch([decisions[i] for i in order])
-            out: list[list[int]] = [[] for _ in slots]
-            for j, i in enumerate(order):
-                out[i] = emitted[j]
-            return out
+            emitted = self.step_batch([decisions[i] for i in order], looked)
+            return [emitted[order.index(i)] for i in range(len(slots))]
         # 1. propose: each row asks its own drafter for its own k (a model drafter's rows all
         # at once, one forward per draft position: _draft_batched)
-        self._draft_batched(decisions)
-        rounds = [self.propose(request, name, k) for request, name, k in decisions]
+        ready = self._draft_batched(decisions, looked or {})
+        rounds = [self.propose(request, name, k, ready.get(request.slot))
+                  for request, name, k in decisions]
         t1 = time.perf_counter()
 
         # 2. verify: one target forward over every row's [newest token] + draft, (n, T, V)
@@ -205,30 +195,29 @@ class Engine:
             self.observe(rnd, n_accepted, tokens, verify_seconds, len(rounds), batch_tokens, width)
         return emitted
 
-    def propose(self, request: Request, drafter_name: str | None, k: int) -> Round:
-        """Step 1 for one row: clamp k, ask the drafter (or take its peeked draft), time it."""
+    def propose(self, request: Request, drafter_name: str | None, k: int,
+                ready: dict[str, Proposal] | None = None) -> Round:
+        """Step 1 for one row: clamp k, ask the drafter (or take its draft from `ready`, the
+        proposals made before the step by drafter), time it."""
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
         context = len(request.tokens) - 1  # tokens in the target's cache row
         k = request.clamp(k, self.max_positions) if drafter_name else 0
         t0 = time.perf_counter()
         drafter = self.drafter_for(request, drafter_name) if k else None
-        peeked = request.peeked.pop(drafter_name, None) if drafter else None
+        ready = ready or {}
+        made = ready.get(drafter_name) if drafter else None
         # a controller's look-ups ran inside its decision but are the drafters' work (indexing,
         # matching), whether this step drafts from them or not (another drafter's, a plain
-        # step's): they count as the step's draft seconds and leave the controller's
-        request.lookup_seconds = sum(p.seconds for p in (*request.peeked.values(), peeked)
-                                     if p is not None and not p.by_engine)
-        request.peeked.clear()  # looked up at an older context, or for another drafter
-        drafted = 0.0  # seconds of the engine's own draft made before the step (_draft_batched)
-        if peeked is not None and peeked.at == len(request.tokens) and peeked.k >= k:
-            draft = peeked.draft
-            drafted = peeked.seconds if peeked.by_engine else 0.0
+        # step's): they count as the step's draft seconds (and leave the controller's: advance)
+        seconds = sum(p.seconds for p in ready.values() if not p.by_engine)
+        if made is not None and made.at == len(request.tokens) and made.k >= k:
+            draft = made.draft
+            seconds += made.seconds if made.by_engine else 0.0
         else:
             draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
         return Round(request, drafter_name if drafter else "none", k, drafter, draft,
-                     draft.tokens[:k], context,
-                     time.perf_counter() - t0 + request.lookup_seconds + drafted)
+                     draft.tokens[:k], context, time.perf_counter() - t0 + seconds)
 
     def observe(self, rnd: Round, accepted: int, emitted: list[int], verify_seconds: float,
                 batch_size: int = 1, batch_tokens: int | None = None,
@@ -255,9 +244,12 @@ class Engine:
         return DraftContext(request.tokens, request.sampling, request.generator, request.prompt_len,
                             self.cache.hidden_of(request.slot))
 
-    def _draft_batched(self, decisions: Sequence[tuple[Request, str | None, int]]) -> None:
-        """One batched drafting per drafter that has one (`Drafter.batch_drafting`), each row's
-        draft left in Request.peeked for `propose`, charged the whole drafting's seconds."""
+    def _draft_batched(self, decisions: Sequence[tuple[Request, str | None, int]],
+                       looked: dict[int, dict[str, Proposal]]) -> dict[int, dict[str, Proposal]]:
+        """One batched drafting per drafter that has one (`Drafter.batch_drafting`): each row's
+        draft, by slot and drafter, beside the rows' `looked` ones, for `propose`; charged the
+        whole drafting's seconds."""
+        made = {slot: dict(proposals) for slot, proposals in looked.items()}
         chosen: dict[str, list[tuple[Request, int]]] = {}
         for request, name, k in decisions:
             k = request.clamp(k, self.max_positions) if name else 0
@@ -275,8 +267,9 @@ class Engine:
             requests = [request for request, _ in picks]
             drafts, seconds = drafting.propose(rows)
             for request, row, draft in zip(requests, rows, drafts):
-                request.peeked[name] = Proposal(len(request.tokens), row.k, draft, seconds,
-                                                by_engine=True)
+                made.setdefault(request.slot, {})[name] = Proposal(len(request.tokens), row.k,
+                                                                   draft, seconds, by_engine=True)
+        return made
 
     def _forward(self, slots: list[int], inputs: list[list[int]], last: int | None = None):
         """Logits (n, T, V) of the rows' token lists, right-padded, each at its own offset."""
@@ -289,28 +282,35 @@ class Engine:
         rows may have different ones), one `step_batch`, every controller told its rows' steps,
         the controllers' seconds shared among the rows. The tokens appended to each row."""
         t0 = time.perf_counter()
-        for request, _ in rows:
-            request.step_started = t0  # a controller learns the step's overhead from it
-        groups: dict[int, list[int]] = {}  # controller -> its rows, in row order
+        groups: dict[int, tuple[Controller, list[int]]] = {}  # each controller's rows, in order
         for i, (_, controller) in enumerate(rows):
-            groups.setdefault(id(controller), []).append(i)
+            groups.setdefault(id(controller), (controller, []))[1].append(i)
+        looked: dict[int, dict[str, Proposal]] = {}  # the controllers' look-ups, by slot
+        peek = functools.partial(self.peek, looked)
         choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
-        for indices in groups.values():
-            controller = rows[indices[0]][1]
+        for controller, indices in groups.values():
             getattr(controller, "attach", lambda models: None)(self.models)  # the pair it drives
-            decided = decide_batch(controller, [rows[i][0] for i in indices])
+            decided = decide_batch(controller, [rows[i][0] for i in indices], peek)
             for i, choice in zip(indices, decided):
                 choices[i] = choice
         t1 = time.perf_counter()
-        emitted = self.step_batch([(request, *choice) for (request, _), choice in zip(rows, choices)])
+        emitted = self.step_batch([(request, *choice) for (request, _), choice in zip(rows, choices)],
+                                  looked)
         t2 = time.perf_counter()
-        for request, controller in rows:
-            controller.update(request.steps[-1], request)
+        records = [request.steps[-1] for request, _ in rows]
+        # the step's wall time outside its forward and drafting: what every row waited for
+        # besides those (a row's draft seconds include the look-ups made for it)
+        overhead = max(0.0, t2 - t0 - records[0].verify_seconds
+                       - min(record.draft_seconds for record in records))
+        for record in records:
+            record.overhead_seconds = overhead
+        for controller, indices in groups.values():
+            update_batch(controller, [records[i] for i in indices], [rows[i][0] for i in indices])
         # less the drafters' look-ups the controllers made (charged as draft seconds)
-        share = ((t1 - t0) + (time.perf_counter() - t2)
-                 - sum(request.lookup_seconds for request, _ in rows)) / len(rows)
-        for request, _ in rows:
-            request.steps[-1].controller_seconds = share
+        lookups = sum(p.seconds for proposals in looked.values() for p in proposals.values())
+        share = ((t1 - t0) + (time.perf_counter() - t2) - lookups) / len(rows)
+        for record in records:
+            record.controller_seconds = share
         return emitted
 
     def generate(self, prompt: str | list[int], *, drafter: str | None = "ngram", k: int = 4,

@@ -21,17 +21,34 @@ from autospec.telemetry import RequestRecord, StepRecord
 
 class Controller(Protocol):
     """Chooses (drafter name or None, k) before each step; told each step's record after.
-    A controller may also decide for a whole batch at once (`decide_batch(requests)`), and
-    be told the pair it runs on before each step (`attach(models)`)."""
+    A controller may also decide for a whole batch at once (`decide_batch(requests, peek)`:
+    `peek(request, drafter, k)` is the proposal a look-up drafter would make now, which the
+    step then reuses), be told a whole batch's records at once (`update_batch(records,
+    requests)`), and be told the pair it runs on before each step (`attach(models)`)."""
     def decide(self, request: "Request") -> tuple[str | None, int]: ...
     def update(self, record: StepRecord, request: "Request") -> None: ...
 
 
-def decide_batch(controller: Controller, requests: Sequence["Request"]) -> list[tuple[str | None, int]]:
+Peek = Callable[["Request", str, int], "Draft | None"]
+
+
+def decide_batch(controller: Controller, requests: Sequence["Request"],
+                 peek: Peek | None = None) -> list[tuple[str | None, int]]:
     """A (drafter or None, k) per row: the controller's own batch decision when it has one
     (`decide_batch`, e.g. a batch size -> K table), else row by row (`decide`)."""
     batch = getattr(controller, "decide_batch", None)
-    return batch(requests) if batch else [controller.decide(r) for r in requests]
+    return batch(requests, peek) if batch else [controller.decide(r) for r in requests]
+
+
+def update_batch(controller: Controller, records: Sequence[StepRecord],
+                 requests: Sequence["Request"]) -> None:
+    """Tell the controller its rows' records of one step: at once where it takes a batch."""
+    batch = getattr(controller, "update_batch", None)
+    if batch:
+        batch(records, requests)
+    else:
+        for record, request in zip(records, requests):
+            controller.update(record, request)
 
 
 @dataclass
@@ -69,7 +86,8 @@ def freeze_heap() -> None:
 
 @dataclass
 class Proposal:
-    """A draft made before the step that uses it."""
+    """A draft made before the step that uses it: a controller's look-up (Engine.peek), a
+    model drafter's batched drafting (Engine._draft_batched)."""
     at: int  # len(request.tokens) when it was made: stale once a token is added
     k: int  # tokens asked for (the step may use fewer)
     draft: Draft
@@ -96,18 +114,6 @@ class Request:
     finish_reason: str | None = None
     started: float = field(default_factory=time.perf_counter)
     queue_seconds: float = 0.0  # from when it was sent to when it got its row (Engine.run)
-    # proposals made before the step's own propose, by drafter: a controller's look-ups
-    # (Engine.peek) and a model drafter's batched drafts (Engine._draft_batched); the step
-    # uses the one for its drafter instead of drafting again
-    peeked: dict[str, "Proposal"] = field(default_factory=dict)
-    # seconds of the controller's peeked look-ups this step: charged to its draft seconds, so
-    # taken out of the controller's (indexing and matching are the drafters' work)
-    lookup_seconds: float = 0.0
-    # when this step's decision began (perf_counter): the controller learns the step's
-    # overhead from it (wall time less draft and verify); None outside a live loop (replay)
-    step_started: float | None = None
-    # Engine.peek bound to this request, for a controller that decides from the proposal
-    peek: Callable[[str, int], Draft | None] | None = field(default=None, repr=False)
     # drafter options for this request in place of the engine's, set before its first step: a
     # server's tenant (its own suffix index) shares one batch with the other tenants
     drafter_options: dict[str, dict] | None = None

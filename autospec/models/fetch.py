@@ -80,14 +80,9 @@ def get_fetchable(name: str) -> Fetchable:
     return MODELS[name]
 
 
-# --- checksums: hashing reads files, checking is pure ---------------------------------------
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
+def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def check_sha256(what: str, expected: str, actual: str) -> None:
@@ -95,8 +90,6 @@ def check_sha256(what: str, expected: str, actual: str) -> None:
     if expected.lower() != actual.lower():
         raise FetchError(f"checksum mismatch for {what}: expected sha256 {expected}, got {actual}")
 
-
-# --- errors -----------------------------------------------------------------------------------
 
 @contextmanager
 def writing(path: Path) -> Iterator[None]:

@@ -83,15 +83,13 @@ DRAFT_S, VERIFY_S = 0.02, 0.05  # what the fake clock charges a proposal and a t
 
 @pytest.fixture
 def clock(monkeypatch):
-    """The engine's and the adaptive controller's clock, made a FakeClock; a drafter's proposal
+    """The engine's clock, made a FakeClock; a drafter's proposal
     costs DRAFT_S on it and a target forward (prefill, verify) VERIFY_S, and nothing else
     costs anything. (Request.started keeps the real clock: wall_seconds is not looked at.)"""
-    from autospec.controller import adaptive
     from autospec.engine import loop
 
     fake = FakeClock()
     monkeypatch.setattr(loop, "time", fake)
-    monkeypatch.setattr(adaptive, "time", fake)
     forward = loop.Engine._forward  # the target's forward: prefill and verify
 
     def costly_forward(*args, **kwargs):

@@ -134,21 +134,24 @@ def test_a_batch_under_the_adaptive_controller_is_lossless(reference_pair):
     assert controller.batch_cost.observed > 0
 
 
-def test_a_batch_step_s_overhead_is_its_slowest_row_s_view_per_row():
-    """Rows report a step one after another: the step's overhead is the largest row view,
-    charged per row, folded in when the next step's first row reports; the estimate is the
-    steps' running median, so one pause (a garbage collection) does not price the next steps."""
-    cost = BatchCost()
-    for step, views in enumerate([(0.001, 0.003, 0.002, 0.004), (0.002, 0.008, 0.001, 0.005)]):
-        for seconds in views:
-            cost.observe_overhead(float(step), 4, seconds)
-    assert cost.row_overhead == pytest.approx(0.004 / 4)  # step 1 folded, step 2 pending
-    cost.observe_overhead(2.0, 4, 0.0)
+def test_a_batch_step_s_overhead_is_learnt_once_per_step_per_row():
+    """Engine.advance measures a step's overhead once (StepRecord.overhead_seconds, the same on
+    every row); the controller learns it once per step, per row, as the steps' running median,
+    so one pause (a garbage collection) does not price the next steps."""
+    controller = AdaptiveController(ControllerSettings(drafters=("ngram",)))
+    rows = [SimRequest(f"r{i}", [1, 2, 3, 4], 4, "w") for i in range(4)]
+
+    def step(overhead: float) -> None:
+        controller.update_batch([StepRecord(r.request_id, 0, "none", 0, 0, 0, 1, 0.0, 0.01, 1, 4,
+                                            0, 0.0, batch_size=4, batch_tokens=4, batch_width=1,
+                                            overhead_seconds=overhead) for r in rows], rows)
+    step(0.004)
+    step(0.008)
+    cost = controller.batch_cost
     assert cost.row_overhead == pytest.approx((0.001 + 0.002) / 2)  # median of two steps
     assert BatchCost().restore(cost.state()).row_overhead == cost.row_overhead
-    for step, worst in enumerate([0.004, 0.66, 0.004, 0.004], start=3):  # a 165 ms pause
-        cost.observe_overhead(float(step), 4, worst)
-    cost.observe_overhead(99.0, 4, 0.0)
+    for overhead in (0.004, 0.66, 0.004, 0.004):  # a 165 ms pause per row
+        step(overhead)
     assert cost.row_overhead == pytest.approx(0.001)
 
 

@@ -110,7 +110,7 @@ def test_controller_sees_every_row_and_its_batch():
     calls = []
 
     class Batchwise(StaticController):
-        def decide_batch(self, requests):
+        def decide_batch(self, requests, peek=None):
             calls.append(len(requests))
             return [(None, 0)] * len(requests)
 

@@ -1,4 +1,5 @@
-"""Look-up drafters' proposals seen before the decision (Engine.peek), and reused by the step.
+"""Look-up drafters' proposals seen before the decision (Engine.peek, into the step's
+`looked`), and reused by that step.
 
 The controller decides K for n-gram and suffix from their proposal (its length, the suffix
 drafter's confidences): the step must then draft nothing twice, use exactly what was seen,
@@ -30,31 +31,51 @@ def test_a_peeked_proposal_is_the_steps_draft_and_is_not_drafted_again(tiny_engi
     for name in ("ngram", "suffix"):
         request = tiny_engine.start(PROMPT, max_new_tokens=16)
         calls = counting(tiny_engine, request, name)
-        draft = request.peek(name, 8)
+        looked = {}
+        draft = tiny_engine.peek(looked, request, name, 8)
         assert draft is not None and calls == [8]
-        tiny_engine.step(request, name, 4)
+        tiny_engine.step_batch([(request, name, 4)], looked)
         assert calls == [8], name  # the step reused the look-up
         assert request.steps[-1].proposed == len(draft.tokens[:4])
-        assert not request.peeked
         tiny_engine.finish(request)  # its row back to the shared engine
 
 
 def test_a_stale_or_short_peek_is_not_used(tiny_engine):
     request = tiny_engine.start(PROMPT, max_new_tokens=16)
     calls = counting(tiny_engine, request, "ngram")
-    request.peek("ngram", 2)
-    tiny_engine.step(request, "ngram", 4)  # asked for more than was looked up: drafts anew
+    looked = {}
+    tiny_engine.peek(looked, request, "ngram", 2)
+    tiny_engine.step_batch([(request, "ngram", 4)], looked)  # more than was looked up: anew
     assert calls == [2, 4]
-    request.peek("ngram", 8)
-    tiny_engine.step(request, None, 0)  # a plain step: the look-up is now stale
-    tiny_engine.step(request, "ngram", 4)
+    tiny_engine.peek(looked, request, "ngram", 8)
+    tiny_engine.step_batch([(request, None, 0)], looked)  # a plain step: the look-up is stale
+    tiny_engine.step_batch([(request, "ngram", 4)], looked)
     assert calls == [2, 4, 8, 4]
     tiny_engine.finish(request)
 
 
 def test_model_drafters_are_not_peeked(tiny_engine):
     request = tiny_engine.start(PROMPT, max_new_tokens=16)
-    assert request.peek("draft-model", 4) is None
+    assert tiny_engine.peek({}, request, "draft-model", 4) is None
+    tiny_engine.finish(request)
+
+
+def test_the_loop_hands_the_controller_its_look_ups_and_charges_them_as_drafting(tiny_engine):
+    """advance: the controller decides from `peek`, the step reuses what it saw, and the look-
+    up's seconds are the step's draft seconds, not the controller's."""
+    request = tiny_engine.start(PROMPT, max_new_tokens=16)
+    calls = counting(tiny_engine, request, "ngram")
+    seen = []
+
+    class Peeking(StaticController):
+        def decide_batch(self, requests, peek=None):
+            seen.append(peek(requests[0], "ngram", 8))
+            return [("ngram", 4)]
+
+    tiny_engine.advance([(request, Peeking("ngram", 4))])
+    record = request.steps[-1]
+    assert calls == [8] and record.proposed == len(seen[0].tokens[:4])
+    assert record.draft_seconds > 0 and record.overhead_seconds is not None
     tiny_engine.finish(request)
 
 
