@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -163,6 +164,7 @@ class RowCache(Cache):
         self.lengths = [0] * max_batch  # tokens cached per slot
         self.free = list(range(max_batch))  # free slots, lowest first
         self.bound: Bound | None = None
+        self._unpacked: torch.Tensor | None = None  # a packed forward's padded logits (forward)
         # keep_hidden: the model's last hidden state (after its final norm: what its head
         # reads) at every cached position, (B_max, capacity, D), written by the same forward
         # as K and V and rolled back with them (a length per row) — the features a feature-
@@ -245,8 +247,10 @@ class RowCache(Cache):
     def forward(self, model, kwarg: str, slots: Sequence[int], inputs: Sequence[list[int]],
                 position_limit: int, last: int | None = None, **extra) -> torch.Tensor:
         """Logits (n, T, V) of the rows' token lists, right-padded, each written at its row's
-        own offset; rows fed in slot order read the store as a view. The rows' lengths are the caller's to advance (a verify keeps only the
-        accepted part). `last` and `extra` (logits_to_keep) as cached_forward takes them."""
+        own offset; rows fed in slot order read the store as a view. Packed, the logits are a
+        view valid until the next packed forward. The rows' lengths are the caller's to advance
+        (a verify keeps only the accepted part). `last` and `extra` (logits_to_keep) as
+        cached_forward takes them."""
         first, n = slots[0], len(slots)
         if sorted(slots) == list(slots) and slots[-1] - first + 1 != n:
             # rows in slot order with free slots between them (a row left, no request took its
@@ -272,7 +276,7 @@ class RowCache(Cache):
             input_ids = torch.tensor([[t for ids in inputs for t in ids]], device=self.device)
             position_ids = position_ids[bound.valid][None]
             flat = bound.valid.flatten().nonzero().squeeze(1)
-            token = _PACKED.set((flat, n, width))
+            token = _PACKED.set(Packing.of(counts, flat, self.device))
         else:
             input_ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in inputs],
                                      device=self.device)
@@ -291,9 +295,15 @@ class RowCache(Cache):
                 _PACKED.reset(token)
         if not packed:
             return logits
-        # back to (n, T, V), right-padded; the padding's logits are never read
-        out = logits.new_empty((n * width, logits.shape[-1]))
-        out[flat] = logits[0]
+        # back to (n, T, V), right-padded (the padding's logits are never read), into one buffer
+        # reused from forward to forward: valid until this cache's next packed forward. A fresh
+        # one (16 rows, one 17 wide, SmolLM2's 49k vocabulary: 53 MB) cost 10 ms a step in
+        # page faults
+        size, vocab = n * width, logits.shape[-1]
+        if self._unpacked is None or len(self._unpacked) < size or self._unpacked.shape[1] != vocab:
+            self._unpacked = logits.new_empty((size, vocab))
+        out = self._unpacked[:size]
+        out.index_copy_(0, flat, logits[0])
         return out.view(n, width, -1)
 
 
@@ -307,31 +317,77 @@ class RowCache(Cache):
 # these lengths; the MLP is most of it, so a step costs about its real tokens, not n x T —
 # what lets one row speculate while the others decode plain (controller/batch.py).
 ROWS_ATTENTION = "autospec_rows"
-# (flat index of the real tokens in the padded (n * T) layout, n, T) during a packed forward
 _PACKED: contextvars.ContextVar = contextvars.ContextVar("autospec_packed", default=None)
 
 
+@dataclass
+class Packing:
+    """Where a packed forward's rows sit: the real tokens' flat index in the padded (n * T)
+    layout; and, where at most half the rows are wider than one token (the usual step under
+    load: a few rows speculate, the rest decode plain), each row's first token in the packed
+    sequence (`starts`) and the wide rows (`wide`) with their other tokens' places in the
+    packed sequence (`rest`) and in their own padded (n_wide * (T - 1)) layout (`rest_at`)."""
+    flat: torch.Tensor
+    n: int
+    width: int
+    starts: torch.Tensor | None = None
+    wide: torch.Tensor | None = None
+    rest: torch.Tensor | None = None
+    rest_at: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, counts: list[int], flat: torch.Tensor, device) -> "Packing":
+        n, width = len(counts), max(counts)
+        wide = [i for i, c in enumerate(counts) if c > 1]
+        if len(wide) * 2 > n:
+            return cls(flat, n, width)
+        offsets = list(itertools.accumulate(counts, initial=0))
+        rest = [offsets[i] + t for i in wide for t in range(1, counts[i])]
+        rest_at = [j * (width - 1) + t - 1 for j, i in enumerate(wide) for t in range(1, counts[i])]
+        return cls(flat, n, width, *(torch.tensor(v, device=device)
+                                     for v in (offsets[:-1], wide, rest, rest_at)))
+
+
 def rows_attention(module, query, key, value, attention_mask, **kwargs):
-    """An attention interface (transformers' AttentionInterface): in a packed forward, query
-    (1, H, N, D) is scattered into the rows' padded layout, attended against key/value
-    (n, H_kv, span, D) under the rows' mask, and gathered back to (1, N, H, D). Several rows
-    of a few tokens each (a verify step) attend by `grouped_attention`; anything else (a
-    prefill, one row) by sdpa as before."""
+    """An attention interface (transformers' AttentionInterface) over rows at their own
+    offsets (key/value (n, H_kv, span, D), the rows' mask (n, 1, T, span)). Packed, query
+    (1, H, N, D) holds the rows' real tokens back to back; attended per row, the result is
+    packed again, (1, N, H, D). Several rows of a few tokens each (a verify step) attend by
+    `grouped_attention`; anything else (a prefill, one row) by sdpa as before."""
     packed = _PACKED.get()
-    if packed is not None:
-        flat, n, width = packed
-        heads, dim = query.shape[1], query.shape[3]
-        rows = query.new_zeros((n * width, heads, dim))
-        rows[flat] = query[0].transpose(0, 1)
-        query = rows.view(n, width, heads, dim).transpose(1, 2)
-    n, width = query.shape[0], query.shape[2]
-    if 1 < n and width <= GROUPED_MAX_WIDTH and not any(kwargs.get(name) for name in UNGROUPED):
-        out = grouped_attention(query, key, value, attention_mask, kwargs.get("scaling"))
-    else:
-        out, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+    grouped = not any(kwargs.get(name) for name in UNGROUPED)
     if packed is None:
-        return out, None
-    return out.reshape(n * width, *out.shape[2:])[flat][None], None
+        n, width = query.shape[0], query.shape[2]
+        if 1 < n and width <= GROUPED_MAX_WIDTH and grouped:
+            return grouped_attention(query, key, value, attention_mask, kwargs.get("scaling")), None
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+    n, width, scaling = packed.n, packed.width, kwargs.get("scaling")
+    heads, dim = query.shape[1], query.shape[3]
+    tokens = query[0].transpose(0, 1)  # (N, H, D)
+    if packed.wide is None or not grouped:  # every row padded to the widest
+        rows = query.new_zeros((n * width, heads, dim))
+        rows[packed.flat] = tokens
+        rows = rows.view(n, width, heads, dim).transpose(1, 2)
+        if grouped:
+            out = grouped_attention(rows, key, value, attention_mask, scaling)
+        else:
+            out, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, rows, key, value, attention_mask, **kwargs)
+        return out.reshape(n * width, heads, dim)[packed.flat][None], None
+    # a few wide rows: every row's first token in one pass over all rows (the cache read as
+    # it is), the wide rows' other tokens in a second over their K and V only — no row
+    # computes attention for another row's width
+    out = query.new_empty(tokens.shape)
+    first = tokens[packed.starts].unsqueeze(2)  # (n, H, 1, D)
+    out[packed.starts] = grouped_attention(first, key, value, attention_mask[:, :, :1], scaling)[:, 0]
+    if len(packed.wide):
+        wide = len(packed.wide)
+        rows = query.new_zeros((wide * (width - 1), heads, dim))
+        rows[packed.rest_at] = tokens[packed.rest]
+        rows = rows.view(wide, width - 1, heads, dim).transpose(1, 2)
+        attended = grouped_attention(rows, key[packed.wide], value[packed.wide],
+                                     attention_mask[packed.wide, :, 1:], scaling)
+        out[packed.rest] = attended.reshape(wide * (width - 1), heads, dim)[packed.rest_at]
+    return out[None], None
 
 
 # Query positions per row up to which rows attend by grouped_attention (a verify feeds k + 1

@@ -27,7 +27,7 @@ def _rows(model, packed: bool):
                 cache.lengths[slot] = length
             for inputs in (WIDTHS, [[1], [2, 3], [4], [5]]):
                 logits = cache.forward(model, kwarg, [0, 1, 2, 3], inputs, 128)
-                out += [logits[i, :len(ids)] for i, ids in enumerate(inputs)]
+                out += [logits[i, :len(ids)].clone() for i, ids in enumerate(inputs)]  # a view
                 for slot, ids in enumerate(inputs):
                     cache.lengths[slot] += len(ids)
     finally:
