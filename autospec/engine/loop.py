@@ -32,7 +32,8 @@ from autospec.drafters.draft_model import DraftRow
 from autospec.engine.accept import accept_rows
 from autospec.engine.request import (Controller, Generation, Job, Proposal, Request, Round,
                                      StaticController, decide_batch, update_batch)
-from autospec.models.kv import RowCache, cache_kwarg, pack_rows
+from autospec.models.attention import pack_rows
+from autospec.models.kv import RowCache, cache_kwarg
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import StepRecord, summarise
@@ -152,9 +153,8 @@ class Engine:
     @torch.inference_mode()
     def step_batch(self, decisions: Sequence[tuple[Request, str | None, int]],
                    looked: dict[int, dict[str, Proposal]] | None = None) -> list[list[int]]:
-        """One speculative round for every (request, drafter, k) in one target forward.
-        `looked`: the look-ups a controller made for this step (`peek`), by slot. Returns the
-        tokens appended to each request."""
+        """One speculative round for every (request, drafter, k) in one target forward, `looked`
+        the controllers' look-ups for it (`peek`), by slot: the tokens appended to each row."""
         slots = [request.slot for request, _, _ in decisions]
         if len(set(slots)) != len(slots) or None in slots:
             raise ValueError("step_batch needs distinct requests, each started on this engine")
@@ -327,8 +327,8 @@ class Engine:
                     raise ValueError(f"k must be >= 1 with drafter '{drafter}', got {k} "
                                      f"(for plain decoding pass drafter=None)")
             controller = StaticController(drafter, k)
-        sampling = SamplingParams(temperature, top_k, top_p)
-        request = self.start(prompt, max_new_tokens, sampling, seed, workload=workload)
+        request = self.start(prompt, max_new_tokens, SamplingParams(temperature, top_k, top_p),
+                             seed, workload=workload)
         try:
             while not request.done:
                 emitted = self.advance([(request, controller)])[0]

@@ -22,19 +22,15 @@ over used ones, and on a CPU it is not free.
 """
 from __future__ import annotations
 
-import contextvars
 import functools
 import inspect
-import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from autospec.models.attention import _PACKED, Packing, packs
 from autospec.models.pair import kv_shape
 
 
@@ -305,137 +301,3 @@ class RowCache(Cache):
         out = self._unpacked[:size]
         out.index_copy_(0, flat, logits[0])
         return out.view(n, width, -1)
-
-
-# -- packed rows: the linear layers see only the real tokens -------------------------------
-# Rows of a step have their own widths (k_i + 1 tokens: a row that decodes plain feeds one,
-# a row that speculates k feeds k + 1). Right-padded, every row computes the widest row's
-# positions in every projection and MLP; packed, the forward's input is the rows' real tokens
-# back to back, one sequence (1, N), and only attention, which must not mix rows, unpacks the
-# queries into the padded (n, H, T, D) layout against each row's own cache (RowLayer.update
-# returns them per row) and packs the result again. Attention is a small part of a step at
-# these lengths; the MLP is most of it, so a step costs about its real tokens, not n x T —
-# what lets one row speculate while the others decode plain (controller/batch.py).
-ROWS_ATTENTION = "autospec_rows"
-_PACKED: contextvars.ContextVar = contextvars.ContextVar("autospec_packed", default=None)
-
-
-@dataclass
-class Packing:
-    """Where a packed forward's rows sit: the real tokens' flat index in the padded (n * T)
-    layout; and, where at most half the rows are wider than one token (the usual step under
-    load: a few rows speculate, the rest decode plain), each row's first token in the packed
-    sequence (`starts`) and the wide rows (`wide`) with their other tokens' places in the
-    packed sequence (`rest`) and in their own padded (n_wide * (T - 1)) layout (`rest_at`)."""
-    flat: torch.Tensor
-    n: int
-    width: int
-    starts: torch.Tensor | None = None
-    wide: torch.Tensor | None = None
-    rest: torch.Tensor | None = None
-    rest_at: torch.Tensor | None = None
-
-    @classmethod
-    def of(cls, counts: list[int], flat: torch.Tensor, device) -> "Packing":
-        n, width = len(counts), max(counts)
-        wide = [i for i, c in enumerate(counts) if c > 1]
-        if len(wide) * 2 > n:
-            return cls(flat, n, width)
-        offsets = list(itertools.accumulate(counts, initial=0))
-        rest = [offsets[i] + t for i in wide for t in range(1, counts[i])]
-        rest_at = [j * (width - 1) + t - 1 for j, i in enumerate(wide) for t in range(1, counts[i])]
-        return cls(flat, n, width, *(torch.tensor(v, device=device)
-                                     for v in (offsets[:-1], wide, rest, rest_at)))
-
-
-def rows_attention(module, query, key, value, attention_mask, **kwargs):
-    """An attention interface (transformers' AttentionInterface) over rows at their own
-    offsets (key/value (n, H_kv, span, D), the rows' mask (n, 1, T, span)). Packed, query
-    (1, H, N, D) holds the rows' real tokens back to back; attended per row, the result is
-    packed again, (1, N, H, D). Several rows of a few tokens each (a verify step) attend by
-    `grouped_attention`; anything else (a prefill, one row) by sdpa as before."""
-    packed = _PACKED.get()
-    grouped = not any(kwargs.get(name) for name in UNGROUPED)
-    if packed is None:
-        n, width = query.shape[0], query.shape[2]
-        if 1 < n and width <= GROUPED_MAX_WIDTH and grouped:
-            return grouped_attention(query, key, value, attention_mask, kwargs.get("scaling")), None
-        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
-    n, width, scaling = packed.n, packed.width, kwargs.get("scaling")
-    heads, dim = query.shape[1], query.shape[3]
-    tokens = query[0].transpose(0, 1)  # (N, H, D)
-    if packed.wide is None or not grouped:  # every row padded to the widest
-        rows = query.new_zeros((n * width, heads, dim))
-        rows[packed.flat] = tokens
-        rows = rows.view(n, width, heads, dim).transpose(1, 2)
-        if grouped:
-            out = grouped_attention(rows, key, value, attention_mask, scaling)
-        else:
-            out, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, rows, key, value, attention_mask, **kwargs)
-        return out.reshape(n * width, heads, dim)[packed.flat][None], None
-    # a few wide rows: every row's first token in one pass over all rows (the cache read as
-    # it is), the wide rows' other tokens in a second over their K and V only — no row
-    # computes attention for another row's width
-    out = query.new_empty(tokens.shape)
-    first = tokens[packed.starts].unsqueeze(2)  # (n, H, 1, D)
-    out[packed.starts] = grouped_attention(first, key, value, attention_mask[:, :, :1], scaling)[:, 0]
-    if len(packed.wide):
-        wide = len(packed.wide)
-        rows = query.new_zeros((wide * (width - 1), heads, dim))
-        rows[packed.rest_at] = tokens[packed.rest]
-        rows = rows.view(wide, width - 1, heads, dim).transpose(1, 2)
-        attended = grouped_attention(rows, key[packed.wide], value[packed.wide],
-                                     attention_mask[packed.wide, :, 1:], scaling)
-        out[packed.rest] = attended.reshape(wide * (width - 1), heads, dim)[packed.rest_at]
-    return out[None], None
-
-
-# Query positions per row up to which rows attend by grouped_attention (a verify feeds k + 1
-# <= 17); a longer query (a prefill) attends by sdpa, which never holds a (T, span) score matrix.
-GROUPED_MAX_WIDTH = 64
-# attention arguments grouped_attention does not implement: the model attends by sdpa then
-UNGROUPED = ("sliding_window", "softcap", "s_aux")
-
-
-def grouped_attention(query, key, value, mask, scaling: float | None) -> torch.Tensor:
-    """softmax(q k^T * scaling + mask) v for rows of a few query positions, (n, T, H, D), each
-    key/value head shared by its H / H_kv query heads without copying it per query head.
-
-    Written out because torch's CPU sdpa was the step's largest cost in exactly this shape:
-    16 SmolLM2 rows, one of them 2 tokens wide, attended in 111 ms a step against 13 ms at
-    1 token each (the flash kernel at T = 2, and the copy of K and V to every query head
-    transformers makes for sdpa with a mask); this takes a step of 16 rows + 1 drafted token
-    from 206 to 83 ms (16 plain tokens: 79 ms either way; at one row sdpa is as fast, and stays)."""
-    n, heads, width, dim = query.shape
-    kv_heads, span = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    scores = torch.matmul(query.reshape(n, kv_heads, group * width, dim), key.transpose(-1, -2))
-    scores.mul_(scaling if scaling is not None else dim ** -0.5)
-    scores = scores.view(n, kv_heads, group, width, span)
-    if mask is not None:  # (n, 1, T, span), additive
-        scores.add_(mask[:, :, None, :, :span])
-    probs = torch.softmax(scores, dim=-1).view(n, kv_heads, group * width, span)
-    return torch.matmul(probs, value).view(n, heads, width, dim).transpose(1, 2)
-
-
-AttentionInterface.register(ROWS_ATTENTION, rows_attention)
-# and sdpa's masks: transformers makes none for an attention it has no mask function for
-# (its generate() over left-padded rows, or a verify after a cache, would then attend wrongly)
-AttentionMaskInterface.register(ROWS_ATTENTION, sdpa_mask)
-
-
-def pack_rows(model) -> bool:
-    """Let RowCache forwards of `model` pack their rows (rows_attention); False, and nothing
-    changed, where its attention is not sdpa (what rows_attention attends with). Forwards
-    outside a RowCache are unchanged: sdpa as before."""
-    config = model.config
-    if config._attn_implementation == ROWS_ATTENTION:
-        return True
-    if config._attn_implementation != "sdpa":
-        return False
-    model.set_attn_implementation(ROWS_ATTENTION)
-    return config._attn_implementation == ROWS_ATTENTION
-
-
-def packs(model) -> bool:
-    return model.config._attn_implementation == ROWS_ATTENTION

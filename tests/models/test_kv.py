@@ -3,7 +3,8 @@ the logits of the padded forward."""
 import torch
 
 from autospec.engine.loop import Engine
-from autospec.models.kv import ROWS_ATTENTION, RowCache, cache_kwarg, pack_rows, packs
+from autospec.models.attention import ROWS_ATTENTION, pack_rows, packs
+from autospec.models.kv import RowCache, cache_kwarg
 from conftest import random_llama
 
 WIDTHS = [[7, 8, 9], [11], [12, 13, 14, 15, 16], [17, 18]]
@@ -69,7 +70,7 @@ def test_grouped_attention_is_sdpas_with_shared_kv_heads_and_the_rows_mask():
     prefill): the same outputs, query heads sharing key/value heads (SmolLM2: 9 over 3)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from autospec.models.kv import grouped_attention, rows_attention
+    from autospec.models.attention import grouped_attention, rows_attention
 
     gen = torch.Generator().manual_seed(0)
     n, heads, kv_heads, width, span, dim = 5, 9, 3, 3, 40, 16
