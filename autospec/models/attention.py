@@ -83,14 +83,13 @@ def rows_attention(module, query, key, value, attention_mask, **kwargs):
     out = query.new_empty(tokens.shape)
     first = tokens[packed.starts].unsqueeze(2)  # (n, H, 1, D)
     out[packed.starts] = grouped_attention(first, key, value, attention_mask[:, :, :1], scaling)[:, 0]
-    if len(packed.wide):
-        wide = len(packed.wide)
-        rows = query.new_zeros((wide * (width - 1), heads, dim))
-        rows[packed.rest_at] = tokens[packed.rest]
-        rows = rows.view(wide, width - 1, heads, dim).transpose(1, 2)
-        attended = grouped_attention(rows, key[packed.wide], value[packed.wide],
-                                     attention_mask[packed.wide, :, 1:], scaling)
-        out[packed.rest] = attended.reshape(wide * (width - 1), heads, dim)[packed.rest_at]
+    wide = len(packed.wide)  # >= 1: rows of one width are not packed
+    rows = query.new_zeros((wide * (width - 1), heads, dim))
+    rows[packed.rest_at] = tokens[packed.rest]
+    rows = rows.view(wide, width - 1, heads, dim).transpose(1, 2)
+    attended = grouped_attention(rows, key[packed.wide], value[packed.wide],
+                                 attention_mask[packed.wide, :, 1:], scaling)
+    out[packed.rest] = attended.reshape(wide * (width - 1), heads, dim)[packed.rest_at]
     return out[None], None
 
 
