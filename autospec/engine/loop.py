@@ -163,7 +163,7 @@ class Engine:
             # the cache, not a gather of every layer's K and V (RowCache's Bound.first)
             order = sorted(range(len(slots)), key=slots.__getitem__)
             emitted = self.step_batch([decisions[i] for i in order], looked)
-            return [emitted[order.index(i)] for i in range(len(slots))]
+            return [emitted[j] for j in sorted(range(len(order)), key=order.__getitem__)]
         # 1. propose: each row asks its own drafter for its own k (a model drafter's rows all
         # at once, one forward per draft position: _draft_batched)
         ready = self._draft_batched(decisions, looked or {})

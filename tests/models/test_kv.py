@@ -3,7 +3,7 @@ the logits of the padded forward."""
 import torch
 
 from autospec.engine.loop import Engine
-from autospec.models.attention import ROWS_ATTENTION, pack_rows, packs
+from autospec.models.attention import ROWS_ATTENTION, Packing, pack_rows, packs
 from autospec.models.kv import RowCache, cache_kwarg
 from conftest import random_llama
 
@@ -38,6 +38,10 @@ def _rows(model, packed: bool):
 
 def test_packed_rows_give_the_padded_forwards_logits_from_their_real_tokens_only():
     model = random_llama(32, seed=3, layers=2)
+    # both routes of a packed forward: WIDTHS (3 of 4 rows wide) one padded pass; the second
+    # forward (1 of 4 wide) every row's first token, then the wide row's others apart
+    assert Packing.of([3, 1, 5, 2], torch.arange(11), "cpu").wide is None
+    assert Packing.of([1, 2, 1, 1], torch.arange(5), "cpu").wide.tolist() == [1]
     padded, padded_inputs = _rows(model, packed=False)
     packed, packed_inputs = _rows(model, packed=True)
     assert padded_inputs == [(4, 5), (4, 2)]
