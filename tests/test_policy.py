@@ -80,7 +80,7 @@ def test_hash_ignores_form_and_provenance_but_not_values():
     ("schema_version: 1\ncontroller: {discount: 0}",
      "controller.discount: expected a number in (0, 1], got 0"),
     ("schema_version: 1\ncontroller: {discout: 0.9}",
-     "controller.discout: unknown field (did you mean 'discount'? accepted: confidence_buckets, "
+     "controller.discout: unknown field (did you mean 'discount'? accepted: "
      "cost_stale_steps, counterfactual, "
      "discount, explore_pooled, hysteresis, ngram_n, "
      "prior_discount, prior_strength, regimes, step_cap, thompson)"),

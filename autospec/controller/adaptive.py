@@ -22,8 +22,7 @@ import numpy as np
 from autospec.controller.batch import BatchCost, Prices, batch_ks
 from autospec.controller.decide import PLAIN, choose_drafter
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
-from autospec.controller.request_state import (_RequestState, _score, confidence_bucket,
-                                                pooled_evidence)
+from autospec.controller.request_state import _RequestState, _score, pooled_evidence
 from autospec.controller.settings import ControllerSettings
 from autospec.controller.thompson import GaussianThompson
 from autospec.drafters.base import drafter_class
@@ -62,6 +61,8 @@ class AdaptiveController:
         # deciding (Engine.peek), its length and confidence are evidence
         self.peeking = tuple(d for d in self.drafters
                              if d != "ngram" and drafter_class(d).peekable)
+        # drafters that run a model (not look-ups, whose proposal decide has already made)
+        self.costly = tuple(d for d in self.drafters if not drafter_class(d).peekable)
 
     def attach(self, models) -> None:
         """The engine's pair, before each step: made without `available`, keep the drafters
@@ -161,8 +162,14 @@ class AdaptiveController:
         prices = self._prices(rows)
         if prices is None:
             return [(None, 0)] * rows
-        drafters = [self._choose(state, request, length, prices.shares)
-                    for state, request, length in zip(states, requests, lengths)]
+        drafters, trying = [], set()
+        for state, request, length in zip(states, requests, lengths):
+            drafter = self._choose(state, request, length, prices, trying)
+            if drafter in self.costly and drafter not in self.costs.prefill:
+                # a model drafter nobody has run yet: one row per step tries it (a batch
+                # waits for its cache prefill), and what that costs prices it for the rest
+                trying.add(drafter)
+            drafters.append(drafter)
         cap = self.settings.step_cap
         # a bounded step: none whose forward and drafting exceed cap x a plain step
         max_step = cap * prices.step(0) if cap else None
@@ -194,7 +201,7 @@ class AdaptiveController:
         if rows == 1:
             steps, line = self.costs.step_list(), self.costs.line()
             base, slope = line if line is not None else (steps[0], 0.0)
-            return Prices(1, base + self.costs.overhead, slope, steps, steps)
+            return Prices(1, base + self.costs.overhead, slope, steps, steps, single=steps[0])
         fitted = self.batch_cost.line(self.costs.line())
         if fitted is None:  # every row plain until the batch line is measured
             return None
@@ -204,7 +211,7 @@ class AdaptiveController:
         # a row's share of the step's jump for drafting at all: as if it drafted alone
         return Prices(rows, fixed, c, [], [share] + [share + c * k + jump / rows
                                                      for k in range(1, self.settings.k_max + 1)],
-                      jump)
+                      jump, single=a + b + c + self.batch_cost.row_overhead)
 
     def _look_up(self, state: _RequestState, request, peek) -> dict[str, int]:
         """Each look-up drafter's proposal length now (n-gram's, the peeked ones'): how far it
@@ -219,20 +226,19 @@ class AdaptiveController:
                 draft = peek(request, drafter, self.settings.k_max)
                 if draft is not None:
                     lengths[drafter] = len(draft.tokens)
-                    if self.settings.confidence_buckets:
-                        state.bucket[drafter] = confidence_bucket(draft)
                     state.looked[drafter] = (len(request.tokens), draft.tokens)
         return lengths
 
-    def _choose(self, state: _RequestState, request, lengths: dict[str, int],
-                shares: list[float]) -> str | None:
-        """The row's drafter (None: plain) under Thompson draws at its share of the step."""
-        names = self.drafters
+    def _choose(self, state: _RequestState, request, lengths: dict[str, int], prices: Prices,
+                skip=()) -> str | None:
+        """The row's drafter (None: plain) under Thompson draws at its share of the step,
+        none of `skip`."""
+        names, shares = self.drafters, prices.shares
         # each drafter's per-position Beta parameters, in Python floats (decide.py says why)
         estimates = [self._estimate(state, d) for d in names]
         k_max = self.settings.k_max
-        draft_s = [self._draft_seconds(d, shares) for d in names]
-        limits = [min(lengths.get(d, k_max), self._cap_k(d_s, shares))
+        draft_s = [self._draft_seconds(d, prices) for d in names]
+        limits = [0 if d in skip else min(lengths.get(d, k_max), self._cap_k(d_s, shares))
                   for d, d_s in zip(names, draft_s)]
         # which drafter (or plain): Thompson draws, so little-tried drafters get explored
         if self.settings.thompson:
@@ -263,47 +269,27 @@ class AdaptiveController:
         return None if state.pooled is None else (state.pooled[0][i], state.pooled[1][i])
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
-        """The estimate of the drafter's regime this step (its proposal's confidence bucket,
-        else hot after a fully accepted draft) while that rests on MIN_HOT_EVIDENCE drafts;
-        else the drafter's estimate over all its steps."""
-        regime = self._regime(state, drafter)
-        if regime is not False:
-            estimate = self._regime_estimate(state, drafter, regime)
+        """The estimate of the drafter's regime this step (hot: right after a fully accepted
+        draft, `regimes`) while that rests on MIN_HOT_EVIDENCE drafts; else the drafter's
+        estimate over all its steps."""
+        if self.settings.regimes and state.hot.get(drafter, False):
+            estimate = state.acceptance[drafter, True]
             if estimate.first_observations() >= MIN_HOT_EVIDENCE:
                 return estimate
         return state.acceptance[drafter, False]
 
-    def _regime(self, state: _RequestState, drafter: str) -> bool | str:
-        """The drafter's regime this step: a confidence bucket, True (hot), False (all)."""
-        bucket = state.bucket.get(drafter)
-        if bucket is not None:
-            return bucket
-        return self.settings.regimes and state.hot.get(drafter, False)
-
-    def _regime_estimate(self, state: _RequestState, drafter: str, regime) -> AcceptanceEstimate:
-        estimate = state.acceptance.get((drafter, regime))
-        if estimate is None:  # a confidence bucket's first step: starts where "all" stands
-            s = self.settings
-            estimate = state.acceptance[drafter, regime] = AcceptanceEstimate(s.k_max,
-                state.acceptance[drafter, False].mean_list(), s.prior_strength, s.discount)
-            estimate.explore = self._explore(state, drafter)
-        return estimate
-
     def _observe(self, state: _RequestState, drafter: str, proposed: int, accepted: int) -> None:
-        """Every verified draft informs the all-steps estimate, and the estimate of the regime
-        it was drafted in (its confidence bucket, or hot after a fully accepted draft)."""
+        """Every verified draft informs the all-steps estimate, and the hot one where it was
+        drafted right after a fully accepted draft."""
         state.acceptance[drafter, False].update(proposed, accepted)
-        regime = self._regime(state, drafter)
-        if regime is not False:
-            self._regime_estimate(state, drafter, regime).update(proposed, accepted)
+        if self.settings.regimes and state.hot.get(drafter, False):
+            state.acceptance[drafter, True].update(proposed, accepted)
         state.hot[drafter] = 0 < accepted == proposed
 
-    def _draft_seconds(self, drafter: str, shares: list[float]) -> float:
-        """A drafted token's measured seconds; before any, the drafter's cost hint times batch
-        1's plain forward, or (no batch of one yet) a row's plain share of the step."""
-        if self.costs.observed == 0 and drafter not in self.costs.draft:
-            return self.hints[drafter] * shares[0]
-        return self.costs.draft_seconds(drafter, self.hints[drafter])
+    def _draft_seconds(self, drafter: str, prices: Prices) -> float:
+        """A drafted token's measured seconds; before any, the drafter's cost hint times a
+        one-row plain step (a drafter's forward does not shrink with the batch's rows)."""
+        return self.costs.draft.get(drafter, self.hints[drafter] * prices.single)
 
     def _cap_k(self, draft_seconds: float, steps: list[float]) -> int:
         """The longest K whose step is predicted within `step_cap` plain steps (k_max without
@@ -328,7 +314,7 @@ class AdaptiveController:
                 continue
             row = self._estimate(state, drafter).mean_list()
             means.append(row[:length.get(drafter, len(row))])
-            draft_s.append(self._draft_seconds(drafter, prices.shares))
+            draft_s.append(self._draft_seconds(drafter, prices))
         return batch_ks(means, draft_s, prices, max_step)
 
     def update(self, record: StepRecord, request) -> None:  # a batch of one

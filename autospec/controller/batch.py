@@ -35,6 +35,11 @@ MIN_BATCH_STEPS = 4.0  # (weighted) batch steps observed before the batch line i
 # enough to settle it, little against the steps that measure it
 UNMEASURED_PRIOR = 0.05
 FEATURES = 4  # 1, B, P, drafted (_features)
+# batch steps without a drafted one after which a drafted step's jump is priced 0 again: the
+# jump is measured by drafted steps only, so one slow drafted step (a first use of a forward
+# shape) otherwise kept every row plain for ~150 steps (the reference pair at 16 rows: 14
+# steps plain of 79 after one 39 ms step where 20 ms was usual, adaptive 0.85x ngram:8)
+STALE_JUMP_STEPS = 8.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class Prices:
     table: list[float]
     shares: list[float]
     jump: float = 0.0  # what a step pays once for drafting at all (BatchCost's j)
+    single: float = 0.0  # a one-row plain step: what an unmeasured drafter's cost hint scales
 
     def step(self, drafted: int) -> float:
         if drafted < len(self.table):
@@ -134,6 +140,7 @@ class BatchCost:
         # fewer, longer steps worth their padding
         self._overhead = RunningMedian()
         self._line: tuple | None = None  # (anchor, (a, b, c, j)) until the next observation
+        self._since_drafted = 0.0  # batch steps since the last drafted one
 
     def observe(self, rows: int, positions: int, seconds: float, weight: float = 1.0) -> None:
         """One batch step over `positions` (a row's record may report it with weight 1 / rows)."""
@@ -145,6 +152,7 @@ class BatchCost:
                 row[j] = row[j] * keep + weight * x[i] * x[j]
             self._xty[i] = self._xty[i] * keep + weight * seconds * x[i]
         self.observed = self.observed * keep + weight
+        self._since_drafted = 0.0 if positions > rows else self._since_drafted + weight
         self._line = None
 
     def observe_overhead(self, seconds: float) -> None:
@@ -205,6 +213,8 @@ class BatchCost:
                         xtx[i][j] += w * x[i] * x[j]
                     xty[i] += w * (base + slope * k) * x[i]
         a, b, c, jump = _solve(xtx, xty)
+        if self._since_drafted >= STALE_JUMP_STEPS:
+            jump = 0.0  # stale: priced at the optimistic end until a drafted step measures it
         fitted = (a, max(b, 0.0) if anchor is None else b, max(c, 0.0), max(jump, 0.0))
         self._line = (anchor, fitted)
         return fitted

@@ -387,9 +387,3 @@ class CostModel:
         if not self.stale_after or self._since_drafted <= self.stale_after:
             return 1.0
         return max(0.0, 2.0 - self._since_drafted / self.stale_after)
-
-    def draft_seconds(self, drafter: str, hint: float) -> float:
-        """Measured seconds per drafted token, or hint * verify(0) before any measurement."""
-        if drafter in self.draft:
-            return self.draft[drafter]
-        return hint * self.verify_list()[0]

@@ -5,20 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
 from autospec.controller.estimates import AcceptanceEstimate
 from autospec.drafters.ngram import NgramIndex
 from autospec.engine.accept import agreeing_prefix
-
-
-def confidence_bucket(draft) -> str | None:
-    """"c0" / "c1" / "c2": the first drafted token's confidence below 0.5, below 0.9, above;
-    None for a draft without confidences (or an empty one)."""
-    confidences = getattr(draft, "confidences", None)
-    if not confidences:
-        return None
-    first = confidences[0]
-    return "c0" if first < 0.5 else "c1" if first < 0.9 else "c2"
 
 
 @dataclass
@@ -35,9 +24,6 @@ class _RequestState:
     used: set = field(default_factory=set)  # drafters that have run in this request
     ngram: NgramIndex | None = None  # the request's context, indexed for counterfactuals
     proposal: tuple[int, list[int]] = (-1, [])  # (context length, n-gram proposal) at decide
-    # drafter -> the confidence bucket of its proposal this step (look-up drafters whose
-    # drafts carry confidences: the suffix drafter); its estimates are kept per bucket
-    bucket: dict[str, str] = field(default_factory=dict)
     looked: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # peeked drafter ->
     # (context length, its proposal) at decide, scored counterfactually when another ran
     # [accepted, rejected] x D x k_max: the workload's pooled evidence the drafter-choice

@@ -55,10 +55,6 @@ class ControllerSettings:
     cost_stale_steps: int = knob(64, "forwards without a drafted one after which the verify "
                                     "line's slope is trusted less, reaching the flat prior after "
                                     "as many again (0: never)", "int", low=0, high=1024)
-    # issue 16: the suffix drafter's counts as evidence (shown with and without in docs/benchmarks.md)
-    confidence_buckets: bool = knob(True, "keep a look-up drafter's acceptance per confidence "
-                                          "bucket of its proposal (suffix: < 0.5, < 0.9, above)",
-                                    "bool")
     # issue 14: on held-out prompts 20 % of steps went to draft-model / early-exit draws that
     # the workload had long shown not to pay (a request's own posterior starts wide)
     explore_pooled: float = knob(32.0, "observations of the workload's pooled evidence (at most) "

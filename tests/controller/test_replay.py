@@ -76,7 +76,7 @@ def test_predictions_converge_to_measurements():
     measured_tokens = np.mean([s.emitted for s in chosen])
     measured_seconds = np.mean([s.draft_seconds + s.verify_seconds for s in chosen])
     predicted_tokens = expected_tokens(np.full(8, 0.8))[k]
-    predicted_seconds = ctl.costs.draft_seconds("synthetic", 0.1) * k + ctl.costs.verify_seconds()[k]
+    predicted_seconds = ctl.costs.draft["synthetic"] * k + ctl.costs.verify_seconds()[k]
     assert measured_tokens == pytest.approx(predicted_tokens, rel=0.1)
     assert measured_seconds == pytest.approx(predicted_seconds, rel=0.1)
 

@@ -5,9 +5,7 @@ The controller decides K for n-gram and suffix from their proposal (its length, 
 drafter's confidences): the step must then draft nothing twice, use exactly what was seen,
 and never use a proposal looked up at another context.
 """
-from autospec.controller.adaptive import AdaptiveController, ControllerSettings, confidence_bucket
-from autospec.drafters.base import Draft
-from autospec.drafters.suffix import SuffixDraft
+from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.engine.loop import Engine
 from autospec.engine.request import StaticController
 from conftest import REPO_ROOT
@@ -77,14 +75,6 @@ def test_the_loop_hands_the_controller_its_look_ups_and_charges_them_as_drafting
     assert calls == [8] and record.proposed == len(seen[0].tokens[:4])
     assert record.draft_seconds > 0 and record.overhead_seconds is not None
     tiny_engine.finish(request)
-
-
-def test_confidence_buckets():
-    assert confidence_bucket(Draft([1, 2])) is None
-    assert confidence_bucket(SuffixDraft([1], confidences=[0.3])) == "c0"
-    assert confidence_bucket(SuffixDraft([1], confidences=[0.7])) == "c1"
-    assert confidence_bucket(SuffixDraft([1], confidences=[0.95])) == "c2"
-    assert confidence_bucket(SuffixDraft([], confidences=[])) is None
 
 
 def test_the_controller_with_suffix_is_lossless(tiny_engine):
