@@ -232,6 +232,40 @@ def test_a_row_whose_drafter_the_batch_will_not_pay_for_drafts_with_ngram():
     assert {drafter for drafter, _ in choices} == {"ngram"} and all(k >= 1 for _, k in choices)
 
 
+def test_one_row_a_step_tries_a_model_drafter_nobody_has_run():
+    """A model drafter that no request has run yet (its cache prefill unmeasured) is tried by
+    one row of a batch, not by every row whose draw favours it: the batch waits for each
+    row's prefill. Once one has run, the rows choose it on its measured costs."""
+    controller = AdaptiveController(ControllerSettings(
+        drafters=("draft-model",), thompson=False, counterfactual=False,
+        prior_means={"draft-model": 0.95}))
+    controller.costs.observe_verify(1, 0.010)
+    controller.costs.observe_verify(5, 0.011)
+    controller.costs.observe_draft("draft-model", 0.0001, 1)  # cheap a token (a warm start)
+    rows = _rows(8)
+    _measure_batch(controller)
+    chosen = [drafter for drafter, _ in controller.decide_batch(rows)]
+    assert chosen.count("draft-model") == 1, chosen
+    controller.costs.observe_prefill("draft-model", 0.0001, 0, 8)  # its start-up, measured
+    assert all(drafter == "draft-model" for drafter, _ in controller.decide_batch(rows))
+
+
+def test_a_drafted_step_s_jump_goes_stale_without_drafted_steps():
+    """One slow drafted step must not keep a batch plain for good: after STALE_JUMP_STEPS
+    plain steps the jump it measured is priced 0 again, until a drafted step measures it."""
+    from autospec.controller.batch import STALE_JUMP_STEPS
+    cost = BatchCost()
+    for _ in range(6):
+        cost.observe(16, 16, 0.019)
+    cost.observe(16, 35, 0.039)  # a first drafted step, twice its usual cost
+    assert cost.line(None)[3] > 0.001
+    for _ in range(int(STALE_JUMP_STEPS)):
+        cost.observe(16, 16, 0.019)
+    assert cost.line(None)[3] == 0.0
+    cost.observe(16, 35, 0.039)
+    assert cost.line(None)[3] > 0.001
+
+
 def test_a_step_cap_bounds_the_batch_s_step():
     """settings.step_cap: no step predicted longer than cap x a plain step; K = 0 for every row
     stays allowed."""
