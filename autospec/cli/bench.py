@@ -104,6 +104,8 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     try:
         report = run_bench(engine, prompts, method_list, repeats, max_new_tokens, temperature,
                            seed, progress=lambda m: click.echo(m, err=True))
+        report["settings"].update(pair=engine.models.key, workload=Path(
+            prompts_path or named_pair(pair or DEFAULT_PAIR).workload("bench")).stem)
         if concurrency:
             from autospec.bench.load import run_load, runs_under_load
             report["by_concurrency"] = run_load(engine, prompts, method_list, concurrency,

@@ -15,13 +15,27 @@ import click
               help="Peak memory bandwidth for utilisation. Default: measured on this machine.")
 @click.option("--window", type=click.IntRange(min=1), default=20, show_default=True,
               help="Requests in each rolling mean of the plots over time.")
-def report(db_url: str | None, out_dir: Path, peak_gbs: float | None, window: int) -> None:
+@click.option("--bench", "bench_paths", multiple=True, metavar="JSON",
+              type=click.Path(path_type=Path, dir_okay=False),
+              help="Instead of the store: the one-setting table of these `autospec bench "
+                   "--json` reports (repeatable): every fixed method's throughput as a "
+                   "fraction of the best fixed method in each (pair, workload, concurrency), "
+                   "and adaptive's.")
+def report(db_url: str | None, out_dir: Path, peak_gbs: float | None, window: int,
+           bench_paths: tuple[Path, ...]) -> None:
     """Write acceptance.png, drafters.png, speedup.png, bandwidth.png and summary.txt to
     --out, and print the summary. Exit 1 when the store holds no requests.
 
     The workload rows, drafter shares and plots are of the controller's requests; requests
     that ran a fixed method (plain, static:DRAFTER:K, a ctl: baseline) are reported apart,
-    per method."""
+    per method. With --bench: the one-setting table of bench reports, nothing else."""
+    if bench_paths:
+        from autospec.bench.one_setting import one_setting_table
+        try:
+            click.echo(one_setting_table(list(bench_paths)), nl=False)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        return
     from autospec.report import PLOTS, open_existing, write_report
     from autospec.store import StoreError
     if peak_gbs is not None and not peak_gbs > 0:
