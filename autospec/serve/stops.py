@@ -11,9 +11,12 @@ MAX_STOPS = 4  # OpenAI's limit
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
-    """(text before the earliest match of any stop string, whether one matched)."""
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return (text[:min(found)], True) if found else (text, False)
+    """(text before the stop string that completes first, whether one matched): decoding
+    stops as soon as one completes, so of two that overlap the one ending first wins, not
+    the one starting first ("\naa" with stops "a" and "\naa": "\n"), streamed or not; of
+    those ending at the same place, the longest."""
+    found = [(i + len(s), i) for s in stops for i in (text.find(s),) if i >= 0]
+    return (text[:min(found)[1]], True) if found else (text, False)
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:
