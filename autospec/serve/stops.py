@@ -1,4 +1,4 @@
-"""OpenAI's `stop`: up to 4 strings; the output ends before the first match of any.
+"""OpenAI's `stop`: up to 4 strings; the output ends before the first of them to complete.
 
 Matched on text, not tokens, so a stop string found across token boundaries, or inside one
 step's several accepted draft tokens, cuts the output at the same place. While streaming, the
