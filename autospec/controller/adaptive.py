@@ -58,7 +58,7 @@ class AdaptiveController:
                               if self.available is None or d in self.available)
         self.hints = {d: drafter_class(d).cost_hint for d in self.drafters}
         # look-up drafters besides n-gram (indexed here): their proposal is seen before
-        # deciding (Engine.peek), its length and confidence are evidence
+        # deciding (Engine.peek), its length is evidence
         self.peeking = tuple(d for d in self.drafters
                              if d != "ngram" and drafter_class(d).peekable)
         # drafters that run a model (not look-ups, whose proposal decide has already made)
