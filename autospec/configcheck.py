@@ -111,15 +111,6 @@ def text(where: str, value: Any) -> str:
     return value
 
 
-def int_range(where: str, value: Any) -> tuple[int, int]:
-    """[low, high]: two integers, 1 <= low <= high (n-gram lengths)."""
-    if (not isinstance(value, (list, tuple)) or len(value) != 2
-            or any(isinstance(n, bool) or not isinstance(n, int) for n in value)
-            or not 1 <= value[0] <= value[1]):
-        raise expected(where, "[n_min, n_max], integers with 1 <= n_min <= n_max", value)
-    return value[0], value[1]
-
-
 def schema_version(raw: dict, version: int) -> None:
     """The version first: a newer file's unknown fields are explained by its version."""
     if "schema_version" not in raw:
@@ -136,7 +127,7 @@ class Knob:
     """What a settings dataclass field declares about itself, in its metadata.
 
     kind: "int" | "float" | "bool" | "drafters" (a list of drafter names, checked by `check`:
-    the registry lives with the drafters) | "int-range" ([low, high]). low/high bound a
+    the registry lives with the drafters). low/high bound a
     number (open at an end when low_open / high_open). check: replaces the kind's own check.
     section: where a policy file writes it — "" (top level), "controller", or "priors" (one
     value per drafter: `priors: {DRAFTER: {acceptance_mean: VALUE}}`). tunable: read from
@@ -158,7 +149,7 @@ class Knob:
             return integer(int(self.low), None if self.high == math.inf else int(self.high))
         if self.kind == "float":
             return number(self.low, self.high, self.low_open, self.high_open)
-        return {"bool": boolean, "int-range": int_range}[self.kind]
+        return boolean
 
     def check(self, where: str, value: Any) -> Any:
         """The checked value (tuples for lists, float for a float); ConfigError naming
@@ -169,8 +160,7 @@ class Knob:
     def accepted(self) -> str:
         """What the check accepts, in words (the docs table's range column)."""
         label = getattr(self.checker(), "label", None)
-        return label or {"bool": "true or false", "drafters": "a list of drafter names",
-                         "int-range": "[n_min, n_max], 1 <= n_min <= n_max"}[self.kind]
+        return label or {"bool": "true or false", "drafters": "a list of drafter names"}[self.kind]
 
 
 def knob(default, doc: str, kind: str, **declared) -> Any:

@@ -82,7 +82,7 @@ def test_hash_ignores_form_and_provenance_but_not_values():
     ("schema_version: 1\ncontroller: {discout: 0.9}",
      "controller.discout: unknown field (did you mean 'discount'? accepted: "
      "cost_stale_steps, counterfactual, "
-     "discount, explore_pooled, hysteresis, ngram_n, "
+     "discount, explore_pooled, hysteresis, "
      "prior_discount, prior_strength, regimes, step_cap, thompson)"),
     ("schema_version: 1\nworkloads: {copy-heavy: {k_max: 100}}",
      "workloads.copy-heavy.k_max: expected an integer in [1, 64], got 100"),
@@ -94,8 +94,6 @@ def test_hash_ignores_form_and_provenance_but_not_values():
      "priors.ngram.acceptance_mean: expected a number in (0, 1), got 1.0"),
     ("schema_version: 1\ncontroller: {thompson: 'yes'}",
      "controller.thompson: expected true or false, got 'yes'"),
-    ("schema_version: 1\ncontroller: {ngram_n: [4, 1]}",
-     "controller.ngram_n: expected [n_min, n_max], integers with 1 <= n_min <= n_max, got [4, 1]"),
     ("schema_version: 1\ncontroller: {prior_strength: 1e-3}",
      "expected a number >= 0, got '1e-3' (YAML reads 1e-3 as text: write e.g. 1.0e-3"),
     ("schema_version: 1\nprovenance: {trial: -1}",

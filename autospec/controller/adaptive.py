@@ -105,7 +105,7 @@ class AdaptiveController:
                           for d in self.drafters for hot in (False, True)}
             pooled = pooled_evidence(prior, self.drafters, s.explore_pooled, s.k_max)
             state = self._requests[request.request_id] = _RequestState(
-                acceptance, ngram=NgramIndex(*s.ngram_n), pooled=pooled)
+                acceptance, ngram=NgramIndex(), pooled=pooled)
             for (drafter, _), estimate in acceptance.items():
                 estimate.explore = self._explore(state, drafter)
         return state
@@ -201,7 +201,7 @@ class AdaptiveController:
         if rows == 1:
             steps, line = self.costs.step_list(), self.costs.line()
             base, slope = line if line is not None else (steps[0], 0.0)
-            return Prices(1, base + self.costs.overhead, slope, steps, steps, single=steps[0])
+            return Prices(1, base + self.costs.overhead, slope, steps, steps, steps[0])
         fitted = self.batch_cost.line(self.costs.line())
         if fitted is None:  # every row plain until the batch line is measured
             return None
@@ -211,7 +211,7 @@ class AdaptiveController:
         # a row's share of the step's jump for drafting at all: as if it drafted alone
         return Prices(rows, fixed, c, [], [share] + [share + c * k + jump / rows
                                                      for k in range(1, self.settings.k_max + 1)],
-                      jump, single=a + b + c + self.batch_cost.row_overhead)
+                      a + b + c + self.batch_cost.row_overhead, jump)
 
     def _look_up(self, state: _RequestState, request, peek) -> dict[str, int]:
         """Each look-up drafter's proposal length now (n-gram's, the peeked ones'): how far it

@@ -54,8 +54,8 @@ class Prices:
     per_token: float
     table: list[float]
     shares: list[float]
+    single: float  # a one-row plain step: what an unmeasured drafter's cost hint scales
     jump: float = 0.0  # what a step pays once for drafting at all (BatchCost's j)
-    single: float = 0.0  # a one-row plain step: what an unmeasured drafter's cost hint scales
 
     def step(self, drafted: int) -> float:
         if drafted < len(self.table):

@@ -84,6 +84,6 @@ def decide_step(draws, means, draft_seconds, verify_seconds, k_limit: int, curre
     winner = choose_drafter(draws, draft_seconds, verify, limits, current, hysteresis, switch)
     if winner == PLAIN:
         return PLAIN, 0
-    prices = Prices(1, verify[0], 0.0, verify, verify)
+    prices = Prices(1, verify[0], 0.0, verify, verify, verify[0])
     k = batch_ks([_floats(means[winner])[:limits[winner]]], [draft_seconds[winner]], prices)[0]
     return (winner, k) if k else (PLAIN, 0)

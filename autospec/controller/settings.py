@@ -45,8 +45,6 @@ class ControllerSettings:
                           "bool")
     counterfactual: bool = knob(True, "score what n-gram would have proposed when another "
                                       "drafter ran", "bool")
-    ngram_n: tuple[int, int] = knob((1, 4), "n-gram lengths prompt lookup matches, [n_min, n_max]",
-                                    "int-range")
     seed: int = knob(0, "Thompson sampling's random seed", "int", low=0, tunable=False)
     regimes: bool = knob(True, "keep separate estimates for the steps right after a fully "
                                "accepted draft (acceptance is bursty)", "bool")
@@ -86,5 +84,4 @@ class ControllerSettings:
             drafter_class(name)  # unknown names fail here, with the list of known ones
         # frozen all the way down: a resolved policy's parameters cannot be edited in place
         object.__setattr__(self, "drafters", tuple(self.drafters))
-        object.__setattr__(self, "ngram_n", tuple(self.ngram_n))
         object.__setattr__(self, "prior_means", MappingProxyType(dict(self.prior_means)))

@@ -40,7 +40,7 @@ class NgramIndex:
     """ngram_match over an append-only token list, incrementally, for the whole list or any
     prefix of it."""
 
-    def __init__(self, n_min: int, n_max: int):
+    def __init__(self, n_min: int = 1, n_max: int = 4):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"ngram needs 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
         self.n_min, self.n_max = n_min, n_max

@@ -17,13 +17,10 @@ from autospec.policy import (SCHEMA_VERSION, Policy, Provenance, merged_priors, 
 
 def parameters_for(values: Mapping[str, Any],
                    base: ControllerSettings = ControllerSettings()) -> ControllerSettings:
-    """`base` with the trial's fields set; k_min is capped at k_max, ngram n_max raised to
-    n_min (independent ranges in the space may cross; the policy file may not)."""
+    """`base` with the trial's fields set; k_min is capped at k_max (independent ranges in
+    the space may cross; the policy file may not)."""
     fields = {name: values[policy_path(name, knob)] for name, knob in policy_knobs().items()
               if knob.section != "priors" and policy_path(name, knob) in values}
-    if "ngram_n" in fields:
-        lo, hi = fields["ngram_n"]
-        fields["ngram_n"] = (lo, max(lo, hi))
     fields["drafters"] = tuple(fields.get("drafters", base.drafters))
     fields["k_max"] = int(fields.get("k_max", base.k_max))
     fields["k_min"] = min(int(fields.get("k_min", base.k_min)), fields["k_max"])

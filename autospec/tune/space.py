@@ -8,7 +8,6 @@
       discount: {low: 0.85, high: 0.999, grid: [0.9, 0.97, 0.995]}
       prior_strength: {low: 0.5, high: 32, log: true}
       thompson: {choices: [true, false]}
-      ngram_n: {choices: [[1, 4], [2, 4]]}
     priors: {ngram: {low: 0.2, high: 0.95}}                 # acceptance_mean per drafter
 
 A field is a range (`low`, `high`, optional `log`, `step`), a list of `choices`, or a plain
@@ -36,8 +35,7 @@ SCHEMA_VERSION = 1
 SpaceError = ConfigError  # one error type for every config file (autospec.configcheck)
 _KEYS = {"low", "high", "log", "step", "grid", "choices"}
 # Optuna's kinds: lists travel as "a,b" strings (categorical choices must be scalars)
-_OPTUNA_KIND = {"int": "int", "float": "float", "bool": "bool", "drafters": "list",
-                "int-range": "list"}
+_OPTUNA_KIND = {"int": "int", "float": "float", "bool": "bool", "drafters": "list"}
 
 
 def searchable() -> dict[str, Knob]:
@@ -131,8 +129,6 @@ def decode_value(name: str, value: Any) -> Any:
     kind = knob_at(name).kind
     if kind == "drafters":
         return tuple(v for v in str(value).split(",") if v)
-    if kind == "int-range":
-        return tuple(int(v) for v in str(value).split(",") if v)
     return tidy(value)
 
 
@@ -247,7 +243,7 @@ def _value(where: str, knob: Knob, value: Any):
             raise ConfigError(where, f"{value!r} is outside what a policy accepts "
                                      f"({knob.accepted})") from None
         raise
-    if knob.kind in ("drafters", "int-range"):
+    if knob.kind == "drafters":
         return encode("list", list(checked))
     return checked
 

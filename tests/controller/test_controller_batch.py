@@ -16,7 +16,7 @@ from autospec.telemetry import StepRecord
 def line_prices(rows: int, a: float, b: float, c: float, k_max: int = 16) -> Prices:
     """A batch step s = a + b B + c P over P = B + X packed tokens."""
     fixed = a + (b + c) * rows
-    return Prices(rows, fixed, c, [], [fixed / rows + c * k for k in range(k_max + 1)])
+    return Prices(rows, fixed, c, [], [fixed / rows + c * k for k in range(k_max + 1)], fixed)
 
 
 def ks_of(alpha: np.ndarray, draft_s: np.ndarray, a, b, c) -> np.ndarray:
@@ -55,7 +55,7 @@ def test_at_one_row_batch_ks_is_the_best_k_against_measured_sizes(seed):
     verify[3] += 0.4  # a size that costs more than the next
     d = float(rng.uniform(0.0, 0.1))
     rates = [(1 + np.cumprod(alpha)[:k].sum()) / (verify[k] + d * k) for k in range(9)]
-    k = batch_ks([alpha.tolist()], [d], Prices(1, verify[0], 0.0, verify, verify))[0]
+    k = batch_ks([alpha.tolist()], [d], Prices(1, verify[0], 0.0, verify, verify, verify[0]))[0]
     assert rates[k] == pytest.approx(max(rates))
 
 

@@ -149,7 +149,7 @@ PINNED_METHODS = ("plain", "adaptive", "adaptive:policies/default.yaml",
                   "ctl:fixed:ngram:3", "static:ngram:4")
 TUNED_VALUES = {"k_min": 2, "k_max": 8, "drafters": ("ngram", "early-exit"),
                 "controller.thompson": False, "controller.hysteresis": 0.1,
-                "controller.ngram_n": (2, 3), "priors.ngram": 0.8}
+                "priors.ngram": 0.8}
 
 
 def _decisions_digest(records) -> str:
@@ -188,23 +188,23 @@ def _replay_digests() -> dict[str, str]:
 PINNED_DIGESTS: dict[str, str] = {
     'mixed.json adaptive': '3a76c5b2fe873ae4',
     'mixed.json adaptive:policies/default.yaml': '3a76c5b2fe873ae4',
-    'mixed.json adaptive:policies/mixed.yaml': '7d413316c4d1e7aa',
+    'mixed.json adaptive:policies/mixed.yaml': 'd91c81d992612f10',
     'mixed.json ctl:ema': '04d70a1ae0ffc7ae',
     'mixed.json ctl:fixed:ngram:3': '087b2018e4f735a3',
     'mixed.json ctl:hf-heuristic': 'e414612228efcf5e',
     'mixed.json plain': '0c697110916a5d3f',
     'mixed.json static:ngram:4': '720984396261315b',
-    'mixed.json tuned': 'ce4b2ef5fdc946be',
+    'mixed.json tuned': '83adaa7554bfaca3',
     'mixed.json warm': 'a5cdc433e6cab5ce',
     'reference.json adaptive': '10d2964d0756670c',
     'reference.json adaptive:policies/default.yaml': '10d2964d0756670c',
-    'reference.json adaptive:policies/mixed.yaml': '8916923a87ed3118',
+    'reference.json adaptive:policies/mixed.yaml': '1b288697fe13189d',
     'reference.json ctl:ema': 'a00ffbfdf8be5746',
     'reference.json ctl:fixed:ngram:3': '6c61f0b3ffc00233',
     'reference.json ctl:hf-heuristic': '3b19c4c998ae965e',
     'reference.json plain': 'e0807f303b20c56c',
     'reference.json static:ngram:4': '480d67b7c2608bb2',
-    'reference.json tuned': '0fa2bd3f9e72fd4f',
+    'reference.json tuned': 'f24bb4f979f9c1e3',
     'reference.json warm': 'ab6f39797858b4c8',
 }
 

@@ -146,8 +146,8 @@ def test_k_min_and_priors_change_decisions():
             assert k == 0 or k >= 3 or k == n - t - 1
     assert floor != ks({})
     assert ks({"priors.ngram": 0.95}) != ks({})
-    crossed = parameters_for({"k_min": 6, "k_max": 4, "controller.ngram_n": (3, 2)})
-    assert (crossed.k_min, crossed.k_max, crossed.ngram_n) == (4, 4, (3, 3))
+    crossed = parameters_for({"k_min": 6, "k_max": 4})
+    assert (crossed.k_min, crossed.k_max) == (4, 4)
 
 
 def test_pruner_compares_running_values_step_by_step():
