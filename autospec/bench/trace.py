@@ -25,7 +25,7 @@ import torch
 from autospec.drafters.base import DraftContext, create_drafter
 from autospec.engine.accept import agreeing_prefix
 from autospec.engine.loop import Engine
-from autospec.engine.request import Controller, StaticController
+from autospec.engine.request import Controller, StaticController, decide_batch, update_batch
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import StepRecord, summarise
 
@@ -169,7 +169,9 @@ def replay(trace: Trace, controller: Controller, requests: list[TraceRequest] | 
     """Run `controller` over the trace; returns one RequestRecord per request (simulated
     seconds).
 
-    The controller's decide/update are real; each step is charged the recorded costs.
+    The controller's decide/update are real, through the live loop's entry points (a batch
+    of one: `decide_batch`, `update_batch`); each step is charged the recorded costs. The
+    loop itself is a simulator's (no model runs), so it is not `Engine.advance`.
     """
     records = []
     verify = trace.verify_seconds
@@ -179,7 +181,7 @@ def replay(trace: Trace, controller: Controller, requests: list[TraceRequest] | 
         t = 0
         n = len(req.output)
         while t < n:
-            drafter, k = controller.decide(sim)
+            drafter, k = decide_batch(controller, [sim])[0]
             k = max(0, min(k, trace.k_max, n - t - 1)) if drafter else 0
             drafter = drafter if k else None
             agree = min(req.match[drafter][t], k) if drafter else 0
@@ -193,7 +195,7 @@ def replay(trace: Trace, controller: Controller, requests: list[TraceRequest] | 
             record = StepRecord(req.id, len(steps), drafter or "none", k, k, agree, len(emitted),
                                 draft_s, verify[k], k + 1, context, 0, 0.0)
             steps.append(record)
-            controller.update(record, sim)
+            update_batch(controller, [record], [sim])
         wall = sum(s.draft_seconds + s.verify_seconds for s in steps)
         records.append(summarise(req.id, len(req.prompt), steps, wall, req.category))
     return records
