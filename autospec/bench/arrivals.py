@@ -126,9 +126,11 @@ class _Sent:
 
 def run_arrivals(engine: Engine, prompts: list[Prompt], methods: list[Method], schedule: Schedule,
                  rows: int, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
-                 progress: Callable[[str], None] | None = None) -> dict:
+                 progress: Callable[[str], None] | None = None,
+                 prefill_chunk: int | None = None) -> dict:
     """{"schedule", "rows", "requests", "methods": {METHOD: {"overall": STATS, "by_phase":
-    {"0": STATS, ...}}}} for the controller methods (plain, static:, adaptive, ctl:)."""
+    {"0": STATS, ...}}}} for the controller methods (plain, static:, adaptive, ctl:);
+    `prefill_chunk`: Engine's."""
     methods = [m for m in methods if m.is_controller]
     sends = schedule.send_times(seed)
     if not sends:
@@ -143,7 +145,7 @@ def run_arrivals(engine: Engine, prompts: list[Prompt], methods: list[Method], s
     fits = [len(job.prompt) + job.max_new_tokens for job in jobs
             if len(job.prompt) + job.max_new_tokens <= engine.models.max_positions]
     batch = Engine(engine.models, engine.drafter_options, max_batch=rows,
-                   max_len=max(fits) if fits else None)
+                   max_len=max(fits) if fits else None, prefill_chunk=prefill_chunk)
     available = engine.models.runnable_drafters()
     runs: dict[str, _Sent] = {}
     for m in methods:

@@ -85,8 +85,10 @@ class LoadRun:
 
 def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], levels: list[int],
              max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
-             repeats: int = 1, progress: Callable[[str], None] | None = None) -> dict:
-    """{"N": {"methods": {METHOD: {"overall": STATS, "by_category": {...}}}}} per level."""
+             repeats: int = 1, progress: Callable[[str], None] | None = None,
+             prefill_chunk: int | None = None) -> dict:
+    """{"N": {"methods": {METHOD: {"overall": STATS, "by_category": {...}}}}} per level
+    (`prefill_chunk`: Engine's)."""
     methods = [m for m in methods if runs_under_load(m)]
     encoded = [prompt_ids(engine, p) for p in prompts]
     limits = [p.max_new_tokens or max_new_tokens for p in prompts]
@@ -97,7 +99,8 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
     categories = sorted({p.category for p in prompts})
     out = {}
     for level in levels:
-        batch = Engine(engine.models, engine.drafter_options, max_batch=level, max_len=max_len)
+        batch = Engine(engine.models, engine.drafter_options, max_batch=level, max_len=max_len,
+                       prefill_chunk=prefill_chunk)
         runs: dict[str, list[LoadRun]] = defaultdict(list)
         for m in methods:  # warm-up: lazy init, allocator, the drafters' first calls
             warm = [Job(job.prompt, 4, job.sampling, seed) for job in jobs[:level]]

@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from autospec.cli.options import (check_pair_args, draft_option, drafter_options_option,
-                                  dtype_option, load_engine, pair_option, target_option)
+                                  dtype_option, load_engine, pair_option, prefill_chunk_option,
+                                  target_option)
 
 DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ngram:8,"
                    "static:draft-model:1,static:draft-model:2,static:draft-model:4,"
@@ -69,11 +70,12 @@ def _parsed(module: str, parse: str):
 @pair_option
 @target_option
 @draft_option
+@prefill_chunk_option
 @dtype_option
 @drafter_options_option
 def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, limit, json_path,
-          record_path, record_k_max, concurrency, plot_path, schedule, rows, pair, target, draft,
-          dtype, drafter_options):
+          record_path, record_k_max, concurrency, plot_path, schedule, rows, prefill_chunk, pair,
+          target, draft, dtype, drafter_options):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
     from autospec.bench.harness import load_prompts, run_bench
     from autospec.bench.table import format_table
@@ -110,7 +112,8 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
             from autospec.bench.load import run_load, runs_under_load
             report["by_concurrency"] = run_load(engine, prompts, method_list, concurrency,
                                                 max_new_tokens, temperature, seed, repeats,
-                                                progress=lambda m: click.echo(m, err=True))
+                                                progress=lambda m: click.echo(m, err=True),
+                                                prefill_chunk=prefill_chunk or None)
             report["settings"]["concurrency"] = concurrency
             report["settings"]["not_under_load"] = [m.spec for m in method_list
                                                     if not runs_under_load(m)]
@@ -118,7 +121,8 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
             from autospec.bench.arrivals import run_arrivals
             report["arrivals"] = run_arrivals(engine, prompts, method_list, schedule, rows,
                                               max_new_tokens, temperature, seed,
-                                              progress=lambda m: click.echo(m, err=True))
+                                              progress=lambda m: click.echo(m, err=True),
+                                              prefill_chunk=prefill_chunk or None)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_table(report))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from autospec.cli.options import draft_option, dtype_option, load_engine, pair_option, target_option
+from autospec.cli.options import (draft_option, dtype_option, load_engine, pair_option,
+                                  prefill_chunk_option, target_option)
 from autospec.serve.openai import TENANT_FIELDS
 
 
@@ -48,11 +49,12 @@ from autospec.serve.openai import TENANT_FIELDS
 @click.option("--api-key-file", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Keys, one a line, re-read when the file changes: rotate a key without a "
                    "restart.")
+@prefill_chunk_option
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name, params_interval,
           buffer_limit, no_share, share_outputs, tenant_field, max_batch, max_queue, api_keys,
-          api_key_file, log_level):
+          api_key_file, prefill_chunk, log_level):
     """OpenAI /v1/completions and /v1/chat/completions (with SSE streaming) on the engine and
     the online controller."""
     from autospec.serve.client import DaemonClient
@@ -89,7 +91,7 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
     server = Server(engine, model_name or pair_name, client, params_interval,
                     tenant_field=tenant_field, share_outputs=share_outputs,
                     max_batch=max_batch, max_queue=max_queue, decode_thread=False,
-                    api_keys=keys)
+                    api_keys=keys, prefill_chunk=prefill_chunk or None)
     raise SystemExit(serve_on_main_thread(server, host, port))
 
 

@@ -9,8 +9,11 @@ loop over one row, `run` the loop over many (closed: N clients; open: requests s
 times), a server's decode thread calls `advance` — the same step underneath. Which drafter
 and which k are *arguments* of the step; a Controller decides them between steps.
 
-Choices: a joining request is prefilled by a forward of its own (batch 1, into its row), and
-must fit it (prompt + max_new_tokens <= max_len). A model drafter (draft model, early exit,
+Choices: a joining request is prefilled by forwards of its own (batch 1, into its row), and
+must fit it (prompt + max_new_tokens <= max_len). With `prefill_chunk` set, a prompt longer
+than that is prefilled one chunk per step while the other rows decode (chunked prefill: no
+step waits for a whole long prompt; the joining request's first token comes a step later per
+chunk), whole when no other row is decoding. A model drafter (draft model, early exit,
 eagle) drafts all its rows in one forward per draft position (`Drafter.batch_drafting`);
 look-up drafters (n-gram, suffix) row by row. A StepRecord per row: verify_seconds is the
 step's verify phase (every row waited for it), batch_tokens the positions the forward
@@ -31,12 +34,26 @@ from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, creat
 from autospec.drafters.draft_model import DraftRow
 from autospec.engine.accept import accept_rows
 from autospec.engine.request import (Controller, Generation, Job, Proposal, Request, Round,
-                                     StaticController, decide_batch, update_batch)
+                                     StaticController, TokenLogprob, decide_batch, update_batch)
 from autospec.models.attention import pack_rows
 from autospec.models.kv import RowCache, cache_kwarg
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import StepRecord, summarise
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit (chat's top_logprobs; completions allow 5)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """TokenLogprob of each of `tokens`, scored by logits[j] (the row's (T, V) verify logits)."""
+    logp = torch.log_softmax(logits[:len(tokens)].float(), dim=-1)
+    chosen = logp[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+    if top == 0:
+        return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen)]
+    values, ids = logp.topk(top, dim=-1)
+    return [TokenLogprob(t, lp, tuple(zip(i, v)))
+            for t, lp, i, v in zip(tokens, chosen, ids.tolist(), values.tolist())]
+
 
 class Engine:
     """Speculative decoding over a ModelPair, up to `max_batch` requests at once, each in a row
@@ -44,7 +61,11 @@ class Engine:
     further). Thread-compatible, not thread-safe."""
 
     def __init__(self, models: ModelPair, drafter_options: dict[str, dict] | None = None, *,
-                 max_batch: int = 1, max_len: int | None = None):
+                 max_batch: int = 1, max_len: int | None = None,
+                 prefill_chunk: int | None = None):
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 tokens, got {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk  # None: a prompt prefills whole when it joins
         self.models = models
         self.drafter_options = drafter_options or {}
         self.kwarg = cache_kwarg(models.target)
@@ -74,39 +95,56 @@ class Engine:
     def start(self, prompt: str | list[int], max_new_tokens: int = 64,
               sampling: SamplingParams = SamplingParams(), seed: int = 0,
               request_id: str | None = None, workload: str | None = None,
-              method: str | None = None) -> Request:
+              method: str | None = None, logprobs: int | None = None) -> Request:
         """Tokenise, check, take a row and prefill all prompt tokens but the last into it.
-        `method` is only recorded (in the telemetry): the caller's controller decides."""
+        `method` is only recorded (in the telemetry): the caller's controller decides.
+        `logprobs`: keep each output token's log-probability and its `logprobs` most likely
+        alternatives' (0: the token's own only; None: nothing) — `Generation.logprobs`."""
         ids = self.encode(prompt)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {logprobs}")
         request = Request(
             request_id=request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}",
             tokens=ids, prompt_len=len(ids), max_new_tokens=max_new_tokens, sampling=sampling,
-            generator=torch.Generator().manual_seed(seed), workload=workload, method=method)
+            generator=torch.Generator().manual_seed(seed), workload=workload, method=method,
+            top_logprobs=logprobs)
         self.prefill(request)
         return request
 
-    @torch.inference_mode()
     def prefill(self, request: Request) -> None:
-        """Check it fits a row, take the lowest free one, prefill all its tokens but the last."""
+        """Check it fits a row, take the lowest free one, prefill all its tokens but the last
+        (with `prefill_chunk`, its first chunk only: `advance` does the rest)."""
         need = request.prompt_len + request.max_new_tokens
         if need > self.cache.max_len:
             raise ValueError(f"request needs {need} positions (prompt {request.prompt_len} + "
                              f"max_new_tokens {request.max_new_tokens}); a row holds "
                              f"{self.cache.max_len} positions (max_len)")
-        slot = self.cache.claim()
+        request.slot = slot = self.cache.claim()
         for drafting in self.batch_drafting.values():
             if drafting is not None:
                 drafting.reset(slot)
-        if request.prompt_len > 1:
-            try:
-                self._forward([slot], [request.tokens[:-1]], last=1)
-            except BaseException:
-                self.cache.release(slot)
-                raise
-        self.cache.lengths[slot] = request.prompt_len - 1
-        request.slot = slot
+        try:
+            self.fill(request, self.prefill_chunk)
+        except BaseException:
+            self.abandon(request)
+            raise
+
+    def unfilled(self, request: Request) -> int:
+        """Prompt tokens not yet in the request's row (0 once it can decode)."""
+        return max(0, request.prompt_len - 1 - self.cache.lengths[request.slot])
+
+    @torch.inference_mode()
+    def fill(self, request: Request, budget: int | None = None) -> None:
+        """Prefill up to `budget` more of the request's prompt into its row (None: the rest)."""
+        start = self.cache.lengths[request.slot]
+        end = request.prompt_len - 1
+        if budget is not None:
+            end = min(end, start + budget)
+        if end > start:
+            self._forward([request.slot], [request.tokens[start:end]], last=1)
+            self.cache.lengths[request.slot] = end
 
     def finish(self, request: Request) -> Generation:
         """Free the request's row and summarise. Its drafters are told (`finish`) here, not in
@@ -118,7 +156,8 @@ class Engine:
                            time.perf_counter() - request.started, request.workload,
                            request.finish_reason or "length", request.method)
         text = self.models.tokenizer.decode(request.output, skip_special_tokens=True)
-        return Generation(text, list(request.output), record)
+        return Generation(text, list(request.output), record,
+                          None if request.top_logprobs is None else list(request.logprobs))
 
     def abandon(self, request: Request) -> None:
         """Free the request's row with no result (its run or its server step failed)."""
@@ -158,6 +197,8 @@ class Engine:
         slots = [request.slot for request, _, _ in decisions]
         if len(set(slots)) != len(slots) or None in slots:
             raise ValueError("step_batch needs distinct requests, each started on this engine")
+        if any(self.unfilled(request) for request, _, _ in decisions):
+            raise ValueError("a row is still prefilling (prefill_chunk): advance fills it")
         if slots != sorted(slots):
             # rows in slot order: where they hold consecutive slots the forward reads a view of
             # the cache, not a gather of every layer's K and V (RowCache's Bound.first)
@@ -185,6 +226,10 @@ class Engine:
             self.cache.lengths[rnd.request.slot] = rnd.context + 1 + n_accepted
             emitted.append(rnd.request.append(rnd.draft_tokens[:n_accepted] + [next_token], self.eos_ids,
                                                self.max_positions))
+            if rnd.request.top_logprobs is not None:
+                # position j of the row's logits scored its j-th emitted token
+                rnd.request.logprobs += token_logprobs(target_logits[len(emitted) - 1],
+                                                       emitted[-1], rnd.request.top_logprobs)
 
         # 5. record telemetry, tell the drafters
         verify_seconds = time.perf_counter() - t1
@@ -280,7 +325,19 @@ class Engine:
     def advance(self, rows: Sequence[tuple[Request, Controller]]) -> list[list[int]]:
         """One step of the loop: each controller decides for all its rows at once (a server's
         rows may have different ones), one `step_batch`, every controller told its rows' steps,
-        the controllers' seconds shared among the rows. The tokens appended to each row."""
+        the controllers' seconds shared among the rows. The tokens appended to each row (none
+        for a row still prefilling: one chunk of the first such row's prompt goes before the
+        step, the whole of it when no row is ready to decode)."""
+        waiting = [i for i, (request, _) in enumerate(rows) if self.unfilled(request)]
+        if waiting:
+            self.fill(rows[waiting[0]][0],
+                      self.prefill_chunk if len(waiting) < len(rows) else None)
+            ready = [i for i, (request, _) in enumerate(rows) if not self.unfilled(request)]
+            emitted = self.advance([rows[i] for i in ready]) if ready else []
+            out: list[list[int]] = [[] for _ in rows]
+            for i, tokens in zip(ready, emitted):
+                out[i] = tokens
+            return out
         t0 = time.perf_counter()
         groups: dict[int, tuple[Controller, list[int]]] = {}  # each controller's rows, in order
         for i, (_, controller) in enumerate(rows):
@@ -389,7 +446,7 @@ class Engine:
                 rows = list(active.items())
                 emitted = self.advance([(request, controller) for _, request in rows])
                 for (i, request), tokens in zip(rows, emitted):
-                    if on_tokens:
+                    if on_tokens and tokens:  # none while it prefills (prefill_chunk)
                         on_tokens(request, tokens)
                     if request.done:
                         results[i] = self.finish(active.pop(i))

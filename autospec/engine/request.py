@@ -117,6 +117,10 @@ class Request:
     # drafter options for this request in place of the engine's, set before its first step: a
     # server's tenant (its own suffix index) shares one batch with the other tenants
     drafter_options: dict[str, dict] | None = None
+    # the target's log-probabilities of each output token and its `top_logprobs` most likely
+    # alternatives (None: not kept); what the step's verify forward scored, TokenLogprob each
+    top_logprobs: int | None = None
+    logprobs: list["TokenLogprob"] = field(default_factory=list)
 
     @property
     def output(self) -> list[int]:
@@ -147,11 +151,22 @@ class Request:
         return emitted
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An output token's log-probability under the target (its raw distribution: temperature
+    1, before top-k / top-p, as vLLM's default) and the `top` most likely tokens' at that
+    position, most likely first."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class Generation:
     text: str
     token_ids: list[int]  # the output only
     telemetry: RequestRecord
+    logprobs: list[TokenLogprob] | None = None  # one per output token when asked for (start)
 
 
 @dataclass

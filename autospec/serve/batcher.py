@@ -167,7 +167,7 @@ class DecodeLoop:
         still = []
         for row, tokens in zip(active, emitted):
             try:
-                if row.on_tokens:
+                if row.on_tokens and (tokens or row.request.done):  # none while it prefills
                     row.on_tokens(tokens, row.request.done)
                 done = row.request.done  # or ended by on_tokens (a stop string)
                 if done:

@@ -1,12 +1,16 @@
 """OpenAI /v1/completions and /v1/chat/completions: request validation and response bodies.
 
 Completions: model, prompt (a string, a one-string list, or token ids), max_tokens, temperature,
-top_p, seed, stream, n = 1, stop (serve/stops.py), and vLLM's top_k. Chat completions: the same with messages
-(roles system, user, assistant; string content) instead of prompt, and max_completion_tokens as
-another name for max_tokens (whose default is then the model's context: OpenAI's chat has no
-cap). Fields OpenAI defines that this server does not implement (logprobs, echo,
-penalties, best_of, logit_bias, suffix; for chat also tools, response_format) are refused with
-400 unless they hold their no-op default — silently ignoring them would return wrong output.
+top_p, seed, stream, n = 1, stop (serve/stops.py), logprobs (0..5 alternatives), and vLLM's
+top_k. Chat completions: the same with messages (roles system, user, assistant; string content)
+instead of prompt, max_completion_tokens as another name for max_tokens (whose default is then
+the model's context: OpenAI's chat has no cap), and logprobs as a flag with top_logprobs
+(0..20). Log-probabilities are the target's raw distribution (temperature 1, before top-k /
+top-p: vLLM's default) at each output token, from the verify forward that emitted it; each
+token's text is what it adds to the output's (TokenTexts), offsets the running sum of those. Fields OpenAI defines that
+this server does not implement (echo, penalties, best_of, logit_bias, suffix; for chat also
+tools, response_format) are refused with 400 unless they hold their no-op default — silently
+ignoring them would return wrong output.
 autospec's own field: "autospec": {"method": "adaptive" | "plain" | "static:DRAFTER:K",
 "workload": NAME, "tenant": NAME}.
 
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 
 from autospec.drafters.base import known_drafters
 from autospec.drafters.suffix import MAX_TENANT_CHARS
+from autospec.engine.request import TokenLogprob
 from autospec.method import Method
 from autospec.method import parse_method as parse_method_text
 from autospec.models.chat import ChatError, check_messages
@@ -34,18 +39,19 @@ from autospec.telemetry import RequestRecord
 
 MAX_TOKENS_DEFAULT = 16  # OpenAI's default for /v1/completions
 TENANT_FIELDS = ("user", "autospec.tenant")  # where --tenant-field may read the tenant
-_NO_OP = {"logprobs": (None, 0), "echo": (False,), "suffix": (None, ""),
+_NO_OP = {"echo": (False,), "suffix": (None, ""),
           "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "best_of": (None, 1),
           "logit_bias": (None, {}), "stream_options": (None, {}), "user": None}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "n", "stop",
-           "autospec"}
+           "autospec", "logprobs"}
+MAX_LOGPROBS = 5  # OpenAI's limit for /v1/completions' logprobs
+MAX_TOP_LOGPROBS = 20  # and for chat's top_logprobs
 _FIELDS = {"prompt", *_COMMON, *_NO_OP}
-_CHAT_NO_OP = {"logprobs": (None, False), "top_logprobs": (None, 0),
-               "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+_CHAT_NO_OP = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                "logit_bias": (None, {}), "stream_options": (None, {}), "tools": (None, []),
                "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
                "user": None, "parallel_tool_calls": None}
-_CHAT_FIELDS = {"messages", "max_completion_tokens", *_COMMON, *_CHAT_NO_OP}
+_CHAT_FIELDS = {"messages", "max_completion_tokens", "top_logprobs", *_COMMON, *_CHAT_NO_OP}
 
 
 class InvalidRequest(ValueError):
@@ -71,6 +77,7 @@ class Completion:
     messages: tuple[dict, ...] | None = None  # a chat request (/v1/chat/completions)
     tenant: str | None = None  # keys the shared suffix index (only with --tenant-field)
     stop: tuple[str, ...] = ()  # the output ends before the first match of any (serve/stops.py)
+    logprobs: int | None = None  # alternatives per token (0: the token's own); None: none
 
 
 def _number(payload: dict, name: str, default, lo: float, hi: float, integer: bool = False):
@@ -110,8 +117,9 @@ def parse_completion(payload, model_name: str, max_tokens_limit: int,
     elif not isinstance(prompt, str) or not prompt:
         raise InvalidRequest("prompt: expected a non-empty string (or one string in a list, or "
                              "a list of token ids)", "prompt")
+    logprobs = _number(payload, "logprobs", None, 0, MAX_LOGPROBS, True)
     return _parse_common(payload, model_name, max_tokens_limit, MAX_TOKENS_DEFAULT, tenant_field,
-                         prompt=prompt)
+                         prompt=prompt, logprobs=logprobs)
 
 
 def parse_chat(payload, model_name: str, max_tokens_limit: int,
@@ -130,8 +138,14 @@ def parse_chat(payload, model_name: str, max_tokens_limit: int,
                                  f"max_completion_tokens ({limit!r}) differ: give one",
                                  "max_completion_tokens")
         payload = {**payload, "max_tokens": limit}
+    wanted = payload.get("logprobs")
+    if wanted not in (None, True, False):
+        raise InvalidRequest(f"logprobs: expected true or false, got {wanted!r:.80}", "logprobs")
+    top = _number(payload, "top_logprobs", None, 0, MAX_TOP_LOGPROBS, True)
+    if top is not None and not wanted:
+        raise InvalidRequest("top_logprobs: needs logprobs: true", "top_logprobs")
     return _parse_common(payload, model_name, max_tokens_limit, max_tokens_limit, tenant_field,
-                         prompt=None, messages=messages)
+                         prompt=None, messages=messages, logprobs=(top or 0) if wanted else None)
 
 
 def _check_fields(payload, known: set, no_ops: dict) -> None:
@@ -146,7 +160,7 @@ def _check_fields(payload, known: set, no_ops: dict) -> None:
 
 
 def _parse_common(payload: dict, model_name: str, max_tokens_limit: int, max_tokens_default: int,
-                  tenant_field: str | None, **prompt) -> Completion:
+                  tenant_field: str | None, **given) -> Completion:
     """The fields completions and chat completions share."""
     if payload.get("n", 1) != 1:
         raise InvalidRequest(f"n: only 1 is supported, got {payload['n']!r}", "n")
@@ -165,7 +179,7 @@ def _parse_common(payload: dict, model_name: str, max_tokens_limit: int, max_tok
     if model not in (None, model_name):
         raise InvalidRequest(f"model: this server serves {model_name!r}, got {model!r}", "model")
     return Completion(
-        **prompt,
+        **given,
         max_tokens=_number(payload, "max_tokens", max_tokens_default, 1, max_tokens_limit, True),
         temperature=float(_number(payload, "temperature", 1.0, 0, 2)),  # OpenAI's default: 1
         top_p=float(_number(payload, "top_p", 1.0, 1e-9, 1)),
@@ -223,10 +237,62 @@ def metrics(record: RequestRecord) -> dict:
     return {**summary, "k_shares": k_shares(record)}
 
 
+class TokenTexts:
+    """An output's TokenLogprobs with each token's text and offset, released as the client is
+    sent their text. A token's text is what it adds to the decoded output: a character split
+    over several byte-level tokens belongs to the token that completes it (the others' text
+    is empty), so the texts joined are the output's text."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.pending: list[tuple[TokenLogprob, str, int]] = []
+        self.end = 0  # characters of the texts added
+        self.open: list[int] = []  # tokens since the last one that ended a whole character
+
+    def add(self, entries) -> None:
+        for entry in entries:
+            self.open.append(entry.token)
+            piece = self.tokenizer.decode(self.open, skip_special_tokens=True)
+            if piece.endswith("\ufffd"):
+                piece = ""  # an incomplete character: its text comes with the next token
+            else:
+                self.open = []
+            self.pending.append((entry, piece, self.end))
+            self.end += len(piece)
+
+    def release(self, sent: int, final: bool = False) -> list[tuple[TokenLogprob, str, int]]:
+        """The tokens whose text lies within the first `sent` characters; `final`: also one
+        that a stop string cut through, and none after."""
+        out = []
+        while self.pending and self.pending[0][2] + len(self.pending[0][1]) <= sent:
+            out.append(self.pending.pop(0))
+        if final:
+            out += [item for item in self.pending if item[2] < sent]
+            self.pending = []
+        return out
+
+
+def logprobs_body(tokenizer, items, chat: bool, top: int) -> dict:
+    """OpenAI's logprobs object for TokenTexts' `items` (chat: {"content": [...]};
+    completions: the parallel lists); an alternative's text is its decoding as is."""
+    decode = lambda t: tokenizer.decode([t])  # noqa: E731
+    if chat:
+        def one(text, logprob):
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        return {"content": [{**one(piece, e.logprob),
+                             "top_logprobs": [one(decode(t), lp) for t, lp in e.top]}
+                            for e, piece, _ in items], "refusal": None}
+    return {"tokens": [piece for _, piece, _ in items],
+            "token_logprobs": [e.logprob for e, _, _ in items],
+            "top_logprobs": [{decode(t): lp for t, lp in e.top} for e, _, _ in items]
+            if top else None,
+            "text_offset": [offset for _, _, offset in items]}
+
+
 def completion_body(cid: str, model: str, text: str, finish_reason: str | None,
-                    record: RequestRecord | None = None) -> dict:
+                    record: RequestRecord | None = None, logprobs: dict | None = None) -> dict:
     body = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"text": text, "index": 0, "logprobs": None,
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs,
                          "finish_reason": finish_reason}]}
     return _with_usage(body, record)
 
@@ -258,17 +324,18 @@ class Responder:
     def __post_init__(self):
         self.id = self.id or (f"chatcmpl-{uuid.uuid4().hex[:24]}" if self.chat else new_id())
 
-    def whole(self, text: str, record: RequestRecord) -> dict:
+    def whole(self, text: str, record: RequestRecord, logprobs: dict | None = None) -> dict:
         if not self.chat:
-            return completion_body(self.id, self.model, text, record.finish_reason, record)
+            return completion_body(self.id, self.model, text, record.finish_reason, record,
+                                   logprobs)
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": record.finish_reason}
+                  "logprobs": logprobs, "finish_reason": record.finish_reason}
         return _with_usage(self._body("chat.completion", choice), record)
 
-    def chunk(self, text: str) -> dict:
+    def chunk(self, text: str, logprobs: dict | None = None) -> dict:
         if not self.chat:
-            return completion_body(self.id, self.model, text, None)
-        return self._body("chat.completion.chunk", self._delta(text, None))
+            return completion_body(self.id, self.model, text, None, logprobs=logprobs)
+        return self._body("chat.completion.chunk", self._delta(text, None, logprobs))
 
     def last(self, record: RequestRecord) -> dict:
         if not self.chat:
@@ -276,11 +343,12 @@ class Responder:
         return _with_usage(self._body("chat.completion.chunk",
                                       self._delta(None, record.finish_reason)), record)
 
-    def _delta(self, text: str | None, finish_reason: str | None) -> dict:
+    def _delta(self, text: str | None, finish_reason: str | None,
+               logprobs: dict | None = None) -> dict:
         delta = {} if text is None else {"content": text}
         if not self._role_sent:
             delta, self._role_sent = {"role": "assistant", **delta}, True
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _body(self, kind: str, choice: dict) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,

@@ -80,7 +80,7 @@ class Server:
                  params_interval: float = 5.0, max_tokens_limit: int | None = None,
                  tenant_field: str | None = None, share_outputs: bool = False,
                  max_batch: int | None = None, max_queue: int | None = None,
-                 decode_thread: bool = True, api_keys=None):
+                 decode_thread: bool = True, api_keys=None, prefill_chunk: int | None = None):
         if tenant_field not in (None, *openai.TENANT_FIELDS):
             raise ValueError(f"tenant field {tenant_field!r}: expected one of "
                              f"{', '.join(openai.TENANT_FIELDS)}")
@@ -98,7 +98,8 @@ class Server:
         self.daemon = daemon
         self.params_interval = params_interval
         max_batch = default_max_batch() if max_batch is None else max_batch
-        self.batch = Engine(engine.models, engine.drafter_options, max_batch=max_batch)
+        self.batch = Engine(engine.models, engine.drafter_options, max_batch=max_batch,
+                            prefill_chunk=prefill_chunk)
         self.max_tokens_limit = max_tokens_limit or self.batch.max_positions
         # decode_thread=False: the caller decodes (`self.decode.run_here()`, on the main thread)
         self.decode = DecodeLoop(self.batch, QUEUE_PER_ROW * max_batch if max_queue is None
@@ -170,24 +171,33 @@ class Server:
                       else make_controller(req.method))
         request = engine.start(req.prompt, req.max_tokens,
                                SamplingParams(req.temperature, req.top_k, req.top_p), req.seed,
-                               workload=req.workload, method=str(req.method))
+                               workload=req.workload, method=str(req.method),
+                               logprobs=req.logprobs)
         request.drafter_options = self.options_for(req.tenant)
         text = TextStream(engine.models.tokenizer) if on_text or req.stop else None
         stops = StopStream(req.stop) if req.stop else None
-        last = None  # when its last chunk was delivered (metrics)
+        # a stream's logprobs travel with the text of their tokens
+        pieces = openai.TokenTexts(engine.models.tokenizer) \
+            if on_text and req.logprobs is not None else None
+        last, sent = None, 0  # when its last chunk was delivered (metrics); characters sent
 
         def on_tokens(tokens: list[int], done: bool) -> None:
-            nonlocal last
+            nonlocal last, sent
             last = self.metrics.chunk(request.started, last, time.perf_counter())
             if text is None:
                 return
-            delta = text.add(tokens, final=done)
+            delta, hit = text.add(tokens, final=done), False
             if stops is not None:
                 delta, hit = stops.feed(delta, final=done)
                 if hit:  # the decode loop ends the request after this step
                     request.finish_reason = "stop"
+            sent += len(delta)
+            items = []
+            if pieces is not None:
+                pieces.add(request.logprobs[len(request.logprobs) - len(tokens):])
+                items = pieces.release(sent, final=done or hit)
             if on_text:
-                on_text(delta)
+                on_text(delta, items)
         return Row(request, controller, on_tokens)
 
     # -- event loop ------------------------------------------------------------------------
@@ -213,8 +223,11 @@ class Server:
         except openai.InvalidRequest as exc:
             self.metrics.refuse("bad_request")
             return _error(400, str(exc), exc.param)
-        deltas: asyncio.Queue = asyncio.Queue()
-        on_text = lambda delta: delta and loop.call_soon_threadsafe(deltas.put_nowait, delta)  # noqa: E731
+        deltas: asyncio.Queue = asyncio.Queue()  # (text, its tokens' logprobs) from on_tokens
+
+        def on_text(delta: str, items: list) -> None:
+            if delta or items:
+                loop.call_soon_threadsafe(deltas.put_nowait, (delta, items))
         try:
             ticket = self.decode.submit(functools.partial(self.admit, req,
                                                           on_text if req.stream else None))
@@ -233,7 +246,14 @@ class Server:
             if isinstance(generation, web.Response):
                 return generation
             text = cut_at_stop(generation.text, req.stop)[0]
-            return web.json_response(respond.whole(text, generation.telemetry))
+            logprobs = None
+            if req.logprobs is not None:
+                pieces = openai.TokenTexts(self.engine.models.tokenizer)
+                pieces.add(generation.logprobs)
+                logprobs = openai.logprobs_body(pieces.tokenizer,
+                                                pieces.release(len(text), final=True),
+                                                respond.chat, req.logprobs)
+            return web.json_response(respond.whole(text, generation.telemetry, logprobs))
         task = asyncio.ensure_future(self._finished(ticket))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})
@@ -254,7 +274,10 @@ class Server:
             getter = asyncio.ensure_future(deltas.get())
             await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
             if getter.done():
-                await send(respond.chunk(getter.result()))
+                delta, items = getter.result()
+                logprobs = openai.logprobs_body(self.engine.models.tokenizer, items,
+                                                respond.chat, req.logprobs) if items else None
+                await send(respond.chunk(delta, logprobs))
             else:
                 getter.cancel()
         generation = task.result()

@@ -277,3 +277,60 @@ def test_the_early_exit_drafts_its_rows_together_and_stays_lossless(tiny_pair):
     assert "early-exit" in engine.batch_drafting and engine.batch_drafting["early-exit"].forwards > 0
     assert any(s.drafter == "early-exit" and s.batch_size > 1
                for g in out for s in g.telemetry.step_records)
+
+
+def test_logprobs_are_the_targets_in_a_batch_plain_or_speculative(reference_pair):
+    """Each output token's logprob and its top alternatives, kept by the verify forward that
+    emitted it, equal a plain forward's log_softmax over prompt + output (1e-4), whatever the
+    row drafted and whoever shared its step; under greedy the token is its position's top."""
+    import torch
+    engine = Engine(reference_pair, max_batch=3)
+    prompts = [json.loads(line)["prompt"] for line in WORKLOAD.read_text().splitlines()[:3]]
+    ctl = {0: StaticController(None, 0), 1: StaticController("ngram", 4),
+           2: StaticController("draft-model", 3)}
+    requests = [engine.start(p, 20, logprobs=2) for p in prompts]
+    while not all(r.done for r in requests):
+        live = [(r, ctl[i]) for i, r in enumerate(requests) if not r.done]
+        engine.advance(live)
+    for request in requests:
+        generation = engine.finish(request)
+        assert [e.token for e in generation.logprobs] == generation.token_ids
+        ids = torch.tensor([request.tokens[:-1]])
+        with torch.no_grad():
+            want = torch.log_softmax(reference_pair.target(ids).logits[0].float(), -1)
+        want = want[request.prompt_len - 1:]
+        for entry, row in zip(generation.logprobs, want):
+            assert abs(entry.logprob - float(row[entry.token])) < 1e-4
+            top = row.topk(2)
+            assert [t for t, _ in entry.top] == top.indices.tolist()
+            assert entry.top[0][0] == entry.token
+    with pytest.raises(ValueError, match="logprobs must be in 0..20"):
+        engine.start("x", 4, logprobs=21)
+    assert engine.generate("x", max_new_tokens=2).telemetry  # logprobs off: nothing kept
+
+
+def test_chunked_prefill_interleaves_with_decoding_and_changes_no_token(reference_pair):
+    """A long prompt joining a decoding row is prefilled 16 tokens a step: the other row emits
+    on every step meanwhile, the joiner's first token comes once its prompt is in, and both
+    outputs equal their own plain generation (a prompt alone prefills whole)."""
+    prompts = [json.loads(line)["prompt"] for line in WORKLOAD.read_text().splitlines()[:2]]
+    plain = Engine(reference_pair)
+    want = [plain.generate(p, drafter=None, max_new_tokens=24).token_ids for p in prompts]
+    engine = Engine(reference_pair, max_batch=2, prefill_chunk=16)
+    ngram = StaticController("ngram", 4)
+    first = engine.start(prompts[0], 24)  # its first chunk goes in when it joins
+    assert engine.unfilled(first) == first.prompt_len - 1 - 16
+    assert engine.advance([(first, ngram)])[0]  # alone: the rest at once, then a step
+    joiner = engine.start(prompts[1], 24)
+    chunks = -(-(joiner.prompt_len - 1) // 16)
+    assert engine.unfilled(joiner) == joiner.prompt_len - 1 - 16
+    for _ in range(chunks - 2):  # one chunk a step while the other row decodes
+        emitted = engine.advance([(first, ngram), (joiner, ngram)])
+        assert emitted[0] and not emitted[1]
+    emitted = engine.advance([(first, ngram), (joiner, ngram)])  # its last chunk, then a step
+    assert emitted[0] and emitted[1] and engine.unfilled(joiner) == 0
+    while not (first.done and joiner.done):
+        engine.advance([(r, ngram) for r in (first, joiner) if not r.done])
+    assert [engine.finish(r).token_ids for r in (first, joiner)] == want
+    with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
+        Engine(reference_pair, prefill_chunk=0)

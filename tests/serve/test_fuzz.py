@@ -13,6 +13,7 @@ from processes import request, start, start_daemon
 EXAMPLES = 120  # bodies per endpoint
 FIELDS = ["prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
           "top_k", "seed", "stream", "stop", "n", "model", "user", "autospec", "logprobs",
+          "top_logprobs",
           "batch_id", "requests", "instance", "model_pair", "hardware", "role", "content"]
 
 scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70)

@@ -149,6 +149,59 @@ def test_stop_through_the_sdk_streamed_and_not(served, tiny_dir):
         assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_logprobs_through_the_sdk_streamed_and_not(served, tiny_dir):
+    """completions' logprobs=2 and chat's logprobs + top_logprobs=2, whole and streamed, plain
+    and speculative: a token per piece of the text (their texts joined are the text, cut at a
+    stop too), each logprob the engine's own; a bad value is a 400 naming the field."""
+    from chat_models import chatml
+
+    from autospec.engine.loop import Engine
+    from autospec.models.pair import load_pair
+    serve, target, _ = served
+    engine = Engine(load_pair(str(target), str(tiny_dir / "draft")))
+    request = engine.start(PROMPT, 12, logprobs=2)
+    while not request.done:
+        engine.step(request, None, 0)
+    want = engine.finish(request)
+    sdk = client(serve)
+    for method in ("plain", "static:ngram:4"):
+        extra = {"autospec": {"method": method}}
+        got = sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
+                                     logprobs=2, extra_body=extra).choices[0]
+        assert "".join(got.logprobs.tokens) == got.text == want.text
+        assert got.logprobs.token_logprobs == pytest.approx(
+            [e.logprob for e in want.logprobs], abs=1e-4)
+        assert all(len(top) <= 2 for top in got.logprobs.top_logprobs)
+        chunks = list(sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=12,
+                                             temperature=0, logprobs=2, stream=True,
+                                             extra_body=extra))
+        streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+        assert streamed == got.logprobs.tokens
+    stop = want.text[len(want.text) // 2:len(want.text) // 2 + 2]
+    cut = sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
+                                 logprobs=0, stop=stop).choices[0]
+    joined = "".join(cut.logprobs.tokens)
+    assert joined.startswith(cut.text) and len(joined) < len(cut.text) + len(want.text) // 2 + 3
+    assert cut.logprobs.top_logprobs is None
+    reply = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, temperature=0,
+                                        logprobs=True, top_logprobs=2).choices[0]
+    content = reply.logprobs.content
+    assert "".join(t.token for t in content) == reply.message.content
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in content)
+    ids = engine.models.tokenizer.encode(chatml(CHAT), add_special_tokens=False)
+    assert reply.message.content == engine.generate(ids, drafter=None, max_new_tokens=12).text
+    chunks = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12,
+                                         temperature=0, logprobs=True, stream=True)
+    assert [t.token for c in chunks if c.choices and c.choices[0].logprobs
+            for t in c.choices[0].logprobs.content] == [t.token for t in content]
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=6)
+    assert caught.value.body["param"] == "logprobs"
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, top_logprobs=2)
+    assert caught.value.body["param"] == "top_logprobs"
+
+
 def test_metrics_are_served_open_and_count_what_happened(served):
     """Run last in this module: the requests above, refusals included, are in the counts."""
     import re
