@@ -5,6 +5,7 @@
     python -m autospec.bench.daemon_measure serve    # serve+daemon vs the engine alone, tokens/s
     python -m autospec.bench.daemon_measure serve-load --clients 16   # batched serve vs the
                                                      # batched engine at the same concurrency
+    python -m autospec.bench.daemon_measure soak --minutes 30 --clients 16   # bench/soak.py
 
 Each starts its own daemon (and server) in a temp dir, on a Unix socket, with a fresh SQLite
 file. Run on a quiet machine: these are timings.
@@ -261,7 +262,8 @@ def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain",
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("what", choices=["ingest", "faults", "serve", "serve-load"])
+    parser.add_argument("what", choices=["ingest", "faults", "serve", "serve-load", "soak"])
+    parser.add_argument("--minutes", type=float, default=30, help="soak: how long")
     parser.add_argument("--method", default="plain", help="serve-load: the method of every request")
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--records", type=int, default=32)
@@ -287,6 +289,9 @@ def main() -> None:
             result = asyncio.run(faults(tmp, kill_after=30))
         elif args.what == "serve":
             result = serve_overhead(tmp, args.prompts, args.max_tokens)
+        elif args.what == "soak":
+            from autospec.bench.soak import soak
+            result = soak(tmp, args.minutes, args.clients, args.pair, args.max_tokens)
         else:
             result = serve_load(tmp, args.clients, args.max_tokens, args.method, args.pair,
                                 args.workload, args.limit)

@@ -172,6 +172,13 @@ def shared_index(models, tenant: str | None = None, depth: int = 32,
     return shared
 
 
+def shared_tokens(models) -> int:
+    """Live tokens in all of this ModelPair's shared indexes (every tenant's)."""
+    with _SHARED_LOCK:
+        indexes = [shared for key, shared in _SHARED.items() if key[0] == id(models)]
+    return sum(map(len, indexes))
+
+
 def export_handoffs(models, callback: Callable[[str | None, list[int]], None]) -> None:
     """Call callback(tenant, segment) for every segment a request of this process hands to
     one of this pair's shared indexes from now on (not for segments `add`ed from elsewhere:

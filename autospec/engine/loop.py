@@ -13,7 +13,7 @@ Choices: a joining request is prefilled by forwards of its own (batch 1, into it
 must fit it (prompt + max_new_tokens <= max_len). With `prefill_chunk` set, a prompt longer
 than that is prefilled one chunk per step while the other rows decode (chunked prefill: no
 step waits for a whole long prompt; the joining request's first token comes a step later per
-chunk), whole when no other row is decoding. A model drafter (draft model, early exit,
+chunk), whole when no row is decoding. A model drafter (draft model, early exit,
 eagle) drafts all its rows in one forward per draft position (`Drafter.batch_drafting`);
 look-up drafters (n-gram, suffix) row by row. A StepRecord per row: verify_seconds is the
 step's verify phase (every row waited for it), batch_tokens the positions the forward
@@ -115,7 +115,7 @@ class Engine:
 
     def prefill(self, request: Request) -> None:
         """Check it fits a row, take the lowest free one, prefill all its tokens but the last
-        (with `prefill_chunk`, its first chunk only: `advance` does the rest)."""
+        (with `prefill_chunk`, none yet: `advance` does, a chunk a step)."""
         need = request.prompt_len + request.max_new_tokens
         if need > self.cache.max_len:
             raise ValueError(f"request needs {need} positions (prompt {request.prompt_len} + "
@@ -125,8 +125,10 @@ class Engine:
         for drafting in self.batch_drafting.values():
             if drafting is not None:
                 drafting.reset(slot)
+        if self.prefill_chunk is not None:
+            return
         try:
-            self.fill(request, self.prefill_chunk)
+            self.fill(request)
         except BaseException:
             self.abandon(request)
             raise
@@ -327,11 +329,14 @@ class Engine:
         rows may have different ones), one `step_batch`, every controller told its rows' steps,
         the controllers' seconds shared among the rows. The tokens appended to each row (none
         for a row still prefilling: one chunk of the first such row's prompt goes before the
-        step, the whole of it when no row is ready to decode)."""
+        step; when no row is decoding yet, every prompt goes in whole: nobody waits on them)."""
         waiting = [i for i, (request, _) in enumerate(rows) if self.unfilled(request)]
         if waiting:
-            self.fill(rows[waiting[0]][0],
-                      self.prefill_chunk if len(waiting) < len(rows) else None)
+            if len(waiting) < len(rows):
+                self.fill(rows[waiting[0]][0], self.prefill_chunk)
+            else:
+                for i in waiting:
+                    self.fill(rows[i][0])
             ready = [i for i, (request, _) in enumerate(rows) if not self.unfilled(request)]
             emitted = self.advance([rows[i] for i in ready]) if ready else []
             out: list[list[int]] = [[] for _ in rows]

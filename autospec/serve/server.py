@@ -40,7 +40,7 @@ from aiohttp import web
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.factory import make_controller
 from autospec.daemon.service import stop_on_signals
-from autospec.drafters.suffix import SuffixOptions, export_handoffs, shared_index
+from autospec.drafters.suffix import SuffixOptions, export_handoffs, shared_index, shared_tokens
 from autospec.engine.loop import Engine
 from autospec.engine.request import Generation
 from autospec.engine.textstream import TextStream
@@ -339,7 +339,8 @@ class Server:
     async def healthz(self, request: web.Request) -> web.Response:
         body = {"status": "ok", "model": self.model_name, "served": self.served,
                 "pid": os.getpid(), "waiting": self.decode.waiting,
-                "policy_hash": self.params["policy"]["hash"] if self.params else None}
+                "policy_hash": self.params["policy"]["hash"] if self.params else None,
+                "suffix_index_tokens": shared_tokens(self.engine.models)}
         if self.daemon is not None:
             d = self.daemon
             body["daemon"] = {"url": d.url, "connected": d.connected,

@@ -318,13 +318,12 @@ def test_chunked_prefill_interleaves_with_decoding_and_changes_no_token(referenc
     want = [plain.generate(p, drafter=None, max_new_tokens=24).token_ids for p in prompts]
     engine = Engine(reference_pair, max_batch=2, prefill_chunk=16)
     ngram = StaticController("ngram", 4)
-    first = engine.start(prompts[0], 24)  # its first chunk goes in when it joins
-    assert engine.unfilled(first) == first.prompt_len - 1 - 16
-    assert engine.advance([(first, ngram)])[0]  # alone: the rest at once, then a step
+    first = engine.start(prompts[0], 24)  # joining takes a row; advance prefills it
+    assert engine.unfilled(first) == first.prompt_len - 1
+    assert engine.advance([(first, ngram)])[0]  # no row decoding: all at once, then a step
     joiner = engine.start(prompts[1], 24)
     chunks = -(-(joiner.prompt_len - 1) // 16)
-    assert engine.unfilled(joiner) == joiner.prompt_len - 1 - 16
-    for _ in range(chunks - 2):  # one chunk a step while the other row decodes
+    for _ in range(chunks - 1):  # one chunk a step while the other row decodes
         emitted = engine.advance([(first, ngram), (joiner, ngram)])
         assert emitted[0] and not emitted[1]
     emitted = engine.advance([(first, ngram), (joiner, ngram)])  # its last chunk, then a step
