@@ -106,7 +106,8 @@ def serve_on_main_thread(server, host: str, port: int) -> int:
     import signal
     import threading
 
-    from autospec.serve.server import log, run_serve
+    from autospec.serve.run import run_serve
+    from autospec.serve.server import log
     handle: dict = {}
 
     def on_loop(loop, stop) -> None:

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from autospec.drafters.base import agreeing_prefix  # its one definition; imported from here too
-from autospec.engine.request import Round
+from autospec.engine.request import Round, TokenLogprob
 from autospec.models.sampling import probs_from_logits
 
 
@@ -108,3 +108,17 @@ def accept_rows(rounds: Sequence[Round], target_logits: torch.Tensor) -> list[tu
             results[i] = rejection_accept(rnd.draft_tokens, draft_probs, target_probs,
                                           rnd.request.generator)
     return results
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit (chat's top_logprobs; completions allow 5)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """TokenLogprob of each of `tokens`, scored by logits[j] (the row's (T, V) verify logits)."""
+    logp = torch.log_softmax(logits[:len(tokens)].float(), dim=-1)
+    chosen = logp[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+    if top == 0:
+        return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen)]
+    values, ids = logp.topk(top, dim=-1)
+    return [TokenLogprob(t, lp, tuple(zip(i, v)))
+            for t, lp, i, v in zip(tokens, chosen, ids.tolist(), values.tolist())]

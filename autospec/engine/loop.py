@@ -25,35 +25,21 @@ import functools
 import itertools
 import time
 import uuid
-from collections import deque
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, create_drafter, drafter_class
 from autospec.drafters.draft_model import DraftRow
-from autospec.engine.accept import accept_rows
-from autospec.engine.request import (Controller, Generation, Job, Proposal, Request, Round,
-                                     StaticController, TokenLogprob, decide_batch, update_batch)
+from autospec.engine.accept import MAX_TOP_LOGPROBS, accept_rows, token_logprobs
+from autospec.engine.jobs import run_jobs
+from autospec.engine.request import (Controller, Generation, Proposal, Request, Round,
+                                     StaticController, decide_batch, update_batch)
 from autospec.models.attention import pack_rows
 from autospec.models.kv import RowCache, cache_kwarg
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import StepRecord, summarise
-
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit (chat's top_logprobs; completions allow 5)
-
-
-def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
-    """TokenLogprob of each of `tokens`, scored by logits[j] (the row's (T, V) verify logits)."""
-    logp = torch.log_softmax(logits[:len(tokens)].float(), dim=-1)
-    chosen = logp[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
-    if top == 0:
-        return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen)]
-    values, ids = logp.topk(top, dim=-1)
-    return [TokenLogprob(t, lp, tuple(zip(i, v)))
-            for t, lp, i, v in zip(tokens, chosen, ids.tolist(), values.tolist())]
-
 
 class Engine:
     """Speculative decoding over a ModelPair, up to `max_batch` requests at once, each in a row
@@ -96,8 +82,8 @@ class Engine:
               sampling: SamplingParams = SamplingParams(), seed: int = 0,
               request_id: str | None = None, workload: str | None = None,
               method: str | None = None, logprobs: int | None = None) -> Request:
-        """Tokenise, check, take a row and prefill all prompt tokens but the last into it.
-        `method` is only recorded (in the telemetry): the caller's controller decides.
+        """Tokenise, check, take a row and prefill all prompt tokens but the last into it
+        (with `prefill_chunk`, `advance` does, a chunk a step). `method` is only recorded (in the telemetry): the caller's controller decides.
         `logprobs`: keep each output token's log-probability and its `logprobs` most likely
         alternatives' (0: the token's own only; None: nothing) — `Generation.logprobs`."""
         ids = self.encode(prompt)
@@ -401,62 +387,4 @@ class Engine:
             raise
         return self.finish(request)
 
-    def run(self, jobs: Iterable[Job], controller: Controller | None = None,
-            max_batch: int | None = None,
-            on_tokens: Callable[[Request, list[int]], None] | None = None,
-            arrivals: Sequence[float] | None = None,
-            on_refused: Callable[[int, str], None] | None = None) -> list[Generation | None]:
-        """Continuous batching over `jobs` in order, up to max_batch rows (default: all), the
-        generations in job order. Closed loop (no `arrivals`): max_batch clients, each sending
-        its next job when its last one ends; a job that cannot start (too long) ends the run.
-        Open loop: job i is sent `arrivals[i]` s after the start and queues for a row
-        (Request.queue_seconds); one that cannot start is refused (`on_refused(i, why)`, its
-        generation None). A request's `started`, hence its TTFT, is when it was sent."""
-        max_batch = self.max_batch if max_batch is None else max_batch
-        if not 1 <= max_batch <= self.max_batch:
-            raise ValueError(f"max_batch must be in 1..{self.max_batch} (the cache's rows), "
-                             f"got {max_batch}")
-        controller = controller or StaticController(None, 0)
-        pending = deque(enumerate(jobs))
-        results: list[Generation | None] = [None] * len(pending)
-        t0 = time.perf_counter()
-        submitted = deque([t0] * max_batch)  # closed loop: when each client sent its next job
-        sends = None if arrivals is None else [t0 + t for t in arrivals]  # open loop
-        active: dict[int, Request] = {}
-        try:
-            while pending or active:
-                while pending and len(active) < max_batch:
-                    i, job = pending[0]
-                    sent = submitted[0] if sends is None else sends[i]
-                    if sent > time.perf_counter():
-                        break  # not sent yet
-                    pending.popleft()
-                    if sends is None:
-                        submitted.popleft()
-                    try:
-                        request = self.start(job.prompt, job.max_new_tokens, job.sampling,
-                                             job.seed, job.request_id, job.workload)
-                    except ValueError as exc:
-                        if sends is None:
-                            raise
-                        if on_refused:
-                            on_refused(i, str(exc))
-                        continue
-                    request.queue_seconds = request.started - sent
-                    request.started = sent
-                    active[i] = request
-                if not active:  # open loop, idle: until the next job is sent
-                    time.sleep(max(0.0, sends[pending[0][0]] - time.perf_counter()))
-                    continue
-                rows = list(active.items())
-                emitted = self.advance([(request, controller) for _, request in rows])
-                for (i, request), tokens in zip(rows, emitted):
-                    if on_tokens and tokens:  # none while it prefills (prefill_chunk)
-                        on_tokens(request, tokens)
-                    if request.done:
-                        results[i] = self.finish(active.pop(i))
-                        submitted.append(time.perf_counter())
-        finally:  # a run that fails (a job that cannot start, closed loop): free the rows
-            for request in active.values():
-                self.abandon(request)
-        return results
+    run = run_jobs  # the closed / open loop over many requests: engine/jobs.py

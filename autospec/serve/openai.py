@@ -34,7 +34,8 @@ from autospec.engine.request import TokenLogprob
 from autospec.method import Method
 from autospec.method import parse_method as parse_method_text
 from autospec.models.chat import ChatError, check_messages
-from autospec.serve.stops import MAX_STOPS
+from autospec.engine.textstream import TextStream
+from autospec.serve.stops import MAX_STOPS, StopStream
 from autospec.telemetry import RequestRecord
 
 MAX_TOKENS_DEFAULT = 16  # OpenAI's default for /v1/completions
@@ -272,6 +273,28 @@ class TokenTexts:
         return out
 
 
+class OutputStream:
+    """A request's output as its client is sent it: tokens in; out, the text delta, the
+    TokenTexts items of the tokens whose text it completes (`logprobs`), whether a stop string
+    matched (the stream then ends: the caller ends the request)."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...], logprobs: bool):
+        self.text = TextStream(tokenizer)
+        self.stops = StopStream(stops) if stops else None
+        self.pieces = TokenTexts(tokenizer) if logprobs else None
+        self.sent = 0  # characters passed on
+
+    def feed(self, tokens: list[int], entries, done: bool) -> tuple[str, list, bool]:
+        delta, hit = self.text.add(tokens, final=done), False
+        if self.stops is not None:
+            delta, hit = self.stops.feed(delta, final=done)
+        self.sent += len(delta)
+        if self.pieces is None:
+            return delta, [], hit
+        self.pieces.add(entries)
+        return delta, self.pieces.release(self.sent, final=done or hit), hit
+
+
 def logprobs_body(tokenizer, items, chat: bool, top: int) -> dict:
     """OpenAI's logprobs object for TokenTexts' `items` (chat: {"content": [...]};
     completions: the parallel lists); an alternative's text is its decoding as is."""
@@ -317,6 +340,8 @@ class Responder:
     completion_body's shape; chat ones are chat.completion / chat.completion.chunk."""
     chat: bool
     model: str
+    tokenizer: object = None  # for the logprobs' token texts
+    top: int | None = None  # the request's logprobs (alternatives per token); None: none
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     _role_sent: bool = False  # chat streams name the role in their first delta
@@ -324,7 +349,14 @@ class Responder:
     def __post_init__(self):
         self.id = self.id or (f"chatcmpl-{uuid.uuid4().hex[:24]}" if self.chat else new_id())
 
-    def whole(self, text: str, record: RequestRecord, logprobs: dict | None = None) -> dict:
+    def whole(self, text: str, record: RequestRecord, entries=None) -> dict:
+        """The whole response; `entries` the output's TokenLogprobs (Generation.logprobs)."""
+        logprobs = None
+        if self.top is not None and entries is not None:
+            pieces = TokenTexts(self.tokenizer)
+            pieces.add(entries)
+            logprobs = logprobs_body(self.tokenizer, pieces.release(len(text), final=True),
+                                     self.chat, self.top)
         if not self.chat:
             return completion_body(self.id, self.model, text, record.finish_reason, record,
                                    logprobs)
@@ -332,7 +364,9 @@ class Responder:
                   "logprobs": logprobs, "finish_reason": record.finish_reason}
         return _with_usage(self._body("chat.completion", choice), record)
 
-    def chunk(self, text: str, logprobs: dict | None = None) -> dict:
+    def chunk(self, text: str, items=()) -> dict:
+        """A stream chunk: its text and TokenTexts' items of the tokens it completes."""
+        logprobs = logprobs_body(self.tokenizer, items, self.chat, self.top) if items else None
         if not self.chat:
             return completion_body(self.id, self.model, text, None, logprobs=logprobs)
         return self._body("chat.completion.chunk", self._delta(text, None, logprobs))

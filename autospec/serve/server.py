@@ -39,11 +39,9 @@ from aiohttp import web
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.factory import make_controller
-from autospec.daemon.service import stop_on_signals
 from autospec.drafters.suffix import SuffixOptions, export_handoffs, shared_index, shared_tokens
 from autospec.engine.loop import Engine
 from autospec.engine.request import Generation
-from autospec.engine.textstream import TextStream
 from autospec.models.chat import ChatError, encode_chat
 from autospec.models.sampling import SamplingParams
 from autospec.policy import parameters_from_dict
@@ -51,7 +49,7 @@ from autospec.serve import openai
 from autospec.serve.batcher import DecodeLoop, QueueFull, Row
 from autospec.serve.client import DaemonClient
 from autospec.serve.metrics import ServeMetrics
-from autospec.serve.stops import StopStream, cut_at_stop
+from autospec.serve.stops import cut_at_stop
 
 log = logging.getLogger("autospec.serve")
 SERVER = web.AppKey("server", object)
@@ -174,28 +172,20 @@ class Server:
                                workload=req.workload, method=str(req.method),
                                logprobs=req.logprobs)
         request.drafter_options = self.options_for(req.tenant)
-        text = TextStream(engine.models.tokenizer) if on_text or req.stop else None
-        stops = StopStream(req.stop) if req.stop else None
-        # a stream's logprobs travel with the text of their tokens
-        pieces = openai.TokenTexts(engine.models.tokenizer) \
-            if on_text and req.logprobs is not None else None
-        last, sent = None, 0  # when its last chunk was delivered (metrics); characters sent
+        out = openai.OutputStream(engine.models.tokenizer, req.stop,
+                                  bool(on_text) and req.logprobs is not None) \
+            if on_text or req.stop else None
+        last = None  # when its last chunk was delivered (metrics)
 
         def on_tokens(tokens: list[int], done: bool) -> None:
-            nonlocal last, sent
+            nonlocal last
             last = self.metrics.chunk(request.started, last, time.perf_counter())
-            if text is None:
+            if out is None:
                 return
-            delta, hit = text.add(tokens, final=done), False
-            if stops is not None:
-                delta, hit = stops.feed(delta, final=done)
-                if hit:  # the decode loop ends the request after this step
-                    request.finish_reason = "stop"
-            sent += len(delta)
-            items = []
-            if pieces is not None:
-                pieces.add(request.logprobs[len(request.logprobs) - len(tokens):])
-                items = pieces.release(sent, final=done or hit)
+            delta, items, hit = out.feed(tokens, request.logprobs[len(request.logprobs)
+                                                                  - len(tokens):], done)
+            if hit:  # the decode loop ends the request after this step
+                request.finish_reason = "stop"
             if on_text:
                 on_text(delta, items)
         return Row(request, controller, on_tokens)
@@ -240,20 +230,15 @@ class Server:
         except ValueError as exc:  # openai.InvalidRequest too
             self.metrics.refuse("bad_request")
             return _error(400, str(exc), getattr(exc, "param", None))
-        respond = openai.Responder(req.messages is not None, self.model_name)
+        respond = openai.Responder(req.messages is not None, self.model_name,
+                                   self.engine.models.tokenizer, req.logprobs)
         if not req.stream:
             generation = await self._finished(ticket)
             if isinstance(generation, web.Response):
                 return generation
             text = cut_at_stop(generation.text, req.stop)[0]
-            logprobs = None
-            if req.logprobs is not None:
-                pieces = openai.TokenTexts(self.engine.models.tokenizer)
-                pieces.add(generation.logprobs)
-                logprobs = openai.logprobs_body(pieces.tokenizer,
-                                                pieces.release(len(text), final=True),
-                                                respond.chat, req.logprobs)
-            return web.json_response(respond.whole(text, generation.telemetry, logprobs))
+            return web.json_response(respond.whole(text, generation.telemetry,
+                                                   generation.logprobs))
         task = asyncio.ensure_future(self._finished(ticket))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})
@@ -274,10 +259,7 @@ class Server:
             getter = asyncio.ensure_future(deltas.get())
             await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
             if getter.done():
-                delta, items = getter.result()
-                logprobs = openai.logprobs_body(self.engine.models.tokenizer, items,
-                                                respond.chat, req.logprobs) if items else None
-                await send(respond.chunk(delta, logprobs))
+                await send(respond.chunk(*getter.result()))
             else:
                 getter.cancel()
         generation = task.result()
@@ -380,43 +362,3 @@ def _error(status: int, message: str, param: str | None = None,
            kind: str = "invalid_request_error", headers: dict | None = None) -> web.Response:
     return web.json_response(openai.error_body(message, param, kind), status=status,
                              headers=headers)
-
-
-async def run_serve(server: Server, host: str, port: int, announce=print,
-                    drain_timeout: float = 5.0, on_loop=None) -> int:
-    """Serve until SIGTERM/SIGINT (second signal: exit at once); flush telemetry at exit.
-    on_loop(loop, stop): for an event loop off the main thread, where signal handlers cannot
-    be installed — the caller's own handlers then set `stop` through the loop."""
-    stop = asyncio.Event()
-    if on_loop is None:
-        stop_on_signals(asyncio.get_running_loop(), stop, log)
-    else:
-        on_loop(asyncio.get_running_loop(), stop)
-    tasks = []
-    if server.daemon is not None:
-        warm = await server.pull_params()
-        await server.pull_outputs()
-        log.info("parameters from the daemon" if warm else
-                 "daemon not reachable: starting on the policy defaults",
-                 extra={"fields": {"daemon": server.daemon.url}})
-        tasks = [asyncio.create_task(server.daemon.run()), asyncio.create_task(server.params_loop())]
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]
-    announce(f"autospec serve listening on http://{host}:{bound}")
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()  # in-flight requests finish first
-        for task in tasks:
-            task.cancel()
-        if server.daemon is not None:
-            sent = await server.daemon.drain(drain_timeout)
-            if not sent:
-                log.warning("telemetry not delivered at exit", extra={"fields": {
-                    "records": server.daemon.unacknowledged}})
-            await server.daemon.close()
-        server.decode.close()  # every accepted request is decoded first
-    return 0
