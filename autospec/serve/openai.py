@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 
 from autospec.drafters.base import known_drafters
 from autospec.drafters.suffix import MAX_TENANT_CHARS
+from autospec.engine.accept import MAX_TOP_LOGPROBS  # chat's top_logprobs: the engine's bound
 from autospec.engine.request import TokenLogprob
+from autospec.engine.textstream import TextStream
 from autospec.method import Method
 from autospec.method import parse_method as parse_method_text
 from autospec.models.chat import ChatError, check_messages
-from autospec.engine.textstream import TextStream
 from autospec.serve.stops import MAX_STOPS, StopStream
 from autospec.telemetry import RequestRecord
 
@@ -46,7 +47,6 @@ _NO_OP = {"echo": (False,), "suffix": (None, ""),
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "n", "stop",
            "autospec", "logprobs"}
 MAX_LOGPROBS = 5  # OpenAI's limit for /v1/completions' logprobs
-MAX_TOP_LOGPROBS = 20  # and for chat's top_logprobs
 _FIELDS = {"prompt", *_COMMON, *_NO_OP}
 _CHAT_NO_OP = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                "logit_bias": (None, {}), "stream_options": (None, {}), "tools": (None, []),
