@@ -196,8 +196,9 @@ class AdaptiveController:
     def _prices(self, rows: int) -> Prices | None:
         """The step's prices at `rows` rows. Batch 1: the measured forward sizes plus the
         per-step overhead (CostModel.step_list). A batch: the batch line (BatchCost: a + b B +
-        c P, + j where any row drafts) and the per-row overhead; a row's share s(B, B) / B +
-        c k (+ j / B)."""
+        c P, + j where any row drafts, + w B (W - 1) for the widest row's padding) and the
+        per-row overhead; a row's share s(B, B) / B + c k (+ j / B) + w k (as if it were the
+        widest)."""
         if rows == 1:
             steps, line = self.costs.step_list(), self.costs.line()
             base, slope = line if line is not None else (steps[0], 0.0)
@@ -205,13 +206,13 @@ class AdaptiveController:
         fitted = self.batch_cost.line(self.costs.line())
         if fitted is None:  # every row plain until the batch line is measured
             return None
-        a, b, c, jump = fitted
+        a, b, c, jump, width = fitted
         fixed = a + (b + c + self.batch_cost.row_overhead) * rows
         share = fixed / rows
         # a row's share of the step's jump for drafting at all: as if it drafted alone
-        return Prices(rows, fixed, c, [], [share] + [share + c * k + jump / rows
+        return Prices(rows, fixed, c, [], [share] + [share + (c + width) * k + jump / rows
                                                      for k in range(1, self.settings.k_max + 1)],
-                      a + b + c + self.batch_cost.row_overhead, jump)
+                      a + b + c + self.batch_cost.row_overhead, jump, width)
 
     def _look_up(self, state: _RequestState, request, peek) -> dict[str, int]:
         """Each look-up drafter's proposal length now (n-gram's, the peeked ones'): how far it
@@ -328,7 +329,8 @@ class AdaptiveController:
             # a batch's forward: every row reports it, each with 1 / rows of its weight
             for record in records:
                 self.batch_cost.observe(record.batch_size, record.batch_tokens,
-                                        record.verify_seconds, 1.0 / record.batch_size)
+                                        record.verify_seconds, 1.0 / record.batch_size,
+                                        record.batch_width)
             if first.overhead_seconds is not None:
                 self.batch_cost.observe_overhead(first.overhead_seconds / first.batch_size)
         else:

@@ -8,9 +8,10 @@ for each row alone. Rows of unequal widths verify packed (models/kv.py): the for
 computes every row's real tokens and no padding, so a drafted token costs the same whichever
 row drafts it, and a confident row can speculate while the others decode plain:
 
-    step seconds   s(X)     the forward over B + X tokens (X drafted over all rows), the
-                            per-step overhead in (`Prices`: batch 1's measured sizes, or the
-                            batch line a + b B + c (B + X) + o B of `BatchCost`)
+    step seconds   s(X)     the forward over B + X tokens (X drafted over all rows, at most
+                            W - 1 in one), the per-step overhead in (`Prices`: batch 1's
+                            measured sizes, or the batch line a + b B + c (B + X) + j [X > 0]
+                            + w B (W - 1) + o B of `BatchCost`)
     goodput        (B + sum_i E_i(K_i)) / (s(sum_i K_i) + sum_i d_i K_i)
 
 with E_i(K) = sum_{j<K} g_ij, g_ij = prod_{l<=j} alpha_il the chance row i's (j+1)-th drafted
@@ -18,7 +19,9 @@ token is kept, and d_i its drafter's seconds per drafted token. At a goodput R a
 worth g_ij - R d_i; those fall along a row, so the best X tokens are the X best of them
 (each row's a prefix of its positions), and the best X is the best ratio among those
 prefixes; R is recomputed from it until it holds (Dinkelbach's iteration on the ratio), a few
-rounds. At batch 1 this is the best K of one row against its measured forward sizes; X = 0
+rounds. Attention pads every row to the widest (w B (W - 1)), which a token's worth does not
+see: where w is measured, the same is done with every row's K capped at 1, 2, 4, 8, 16, and
+the best of those kept. At batch 1 this is the best K of one row against its measured forward sizes; X = 0
 (plain for every row) where no draft pays for its forward.
 
 The same step prices each row's drafter choice (adaptive.decide_batch): a row pays its share
@@ -34,7 +37,9 @@ MIN_BATCH_STEPS = 4.0  # (weighted) batch steps observed before the batch line i
 # the weight (in steps) of the priors where steps leave the plane open (BatchCost.line):
 # enough to settle it, little against the steps that measure it
 UNMEASURED_PRIOR = 0.05
-FEATURES = 4  # 1, B, P, drafted (_features)
+FEATURES = 5  # 1, B, P, drafted, B (W - 1) (_features)
+# row-widths tried as a cap on every row's K where the padding has a price (batch_ks)
+WIDTH_CAPS = (1, 2, 4, 8, 16, 32)
 # batch steps without a drafted one after which a drafted step's jump is priced 0 again: the
 # jump is measured by drafted steps only, so one slow drafted step (a first use of a forward
 # shape) otherwise kept every row plain for ~150 steps (the reference pair at 16 rows: 14
@@ -56,11 +61,14 @@ class Prices:
     shares: list[float]
     single: float  # a one-row plain step: what an unmeasured drafter's cost hint scales
     jump: float = 0.0  # what a step pays once for drafting at all (BatchCost's j)
+    width: float = 0.0  # per row, per query position the widest row pads it to (BatchCost's w)
 
-    def step(self, drafted: int) -> float:
+    def step(self, drafted: int, widest: int = 0) -> float:
+        """Seconds of a step drafting `drafted` tokens, at most `widest` in one row."""
         if drafted < len(self.table):
             return self.table[drafted]
-        return self.fixed + self.per_token * drafted + (self.jump if drafted else 0.0)
+        return (self.fixed + self.per_token * drafted + (self.jump if drafted else 0.0)
+                + self.width * self.rows * widest)
 
 
 def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Prices,
@@ -71,8 +79,9 @@ def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Price
     means: per row, its drafter's per-position acceptance means as far as it may draft (a row
     that does not draft: []); draft_seconds: per row, a drafted token's cost to its drafter.
     max_seconds: no step (forward and drafting) predicted longer is chosen (a latency bound;
-    plain for every row always stays)."""
-    n = len(means)
+    plain for every row always stays). Where the widest row's padding has a price
+    (`Prices.width`), the best is also sought with every row's K capped at each of WIDTH_CAPS
+    (the worth of a token does not see what it widens), and the best of those kept."""
     gains = []
     for row in means:
         gain, running = [], 1.0
@@ -82,6 +91,22 @@ def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Price
                 break
             gain.append(running)
         gains.append(gain)
+    longest = max(map(len, gains), default=0)
+    caps = [longest]
+    if prices.width > 0.0:
+        caps = [cap for cap in WIDTH_CAPS if cap < longest] + caps
+    best_rate, best = -1.0, [0] * len(means)
+    for cap in caps:
+        rate, ks = _best_ks([g[:cap] for g in gains], draft_seconds, prices, max_seconds, rounds)
+        if rate > best_rate:
+            best_rate, best = rate, ks
+    return best
+
+
+def _best_ks(gains: list[list[float]], draft_seconds: list[float], prices: Prices,
+             max_seconds: float | None, rounds: int) -> tuple[float, list[int]]:
+    """(goodput, K per row) of batch_ks for rows whose kept-token chances are `gains`."""
+    n = len(gains)
     step = prices.step
     rate = n / step(0)
     best: list[tuple] = []
@@ -97,10 +122,13 @@ def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Price
                 tokens.append((g - price, g, d, i))
         tokens.sort(key=lambda t: -t[0])
         kept, gained, drafting, new_rate = 0, 0.0, 0.0, n / step(0)
-        for x, (_, g, d, _) in enumerate(tokens, start=1):
+        counts, widest = [0] * n, 0
+        for x, (_, g, d, i) in enumerate(tokens, start=1):
             gained += g
             drafting += d
-            seconds = step(x) + drafting
+            counts[i] += 1
+            widest = max(widest, counts[i])
+            seconds = step(x, widest) + drafting
             if max_seconds is not None and seconds > max_seconds:
                 continue
             goodput = (n + gained) / seconds
@@ -108,13 +136,13 @@ def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Price
                 kept, new_rate = x, goodput
         chosen = tokens[:kept]
         if chosen == best or abs(new_rate - rate) <= 1e-12 * rate:
-            best = chosen
+            best, rate = chosen, new_rate
             break
         best, rate = chosen, new_rate
     ks = [0] * n
     for *_, i in best:
         ks[i] += 1
-    return ks
+    return rate, ks
 
 
 class BatchCost:
@@ -130,9 +158,14 @@ class BatchCost:
     def __init__(self, forgetting: float = 0.98, anchor_weight: float = 4.0):
         self.forgetting = forgetting
         self.anchor_weight = anchor_weight
-        # the normal equations in Python floats (a row's step folds in once per row, per step)
-        self._xtx = [[0.0] * FEATURES for _ in range(FEATURES)]
-        self._xty = [0.0] * FEATURES
+        # the normal equations in Python floats (a row's step folds in once per row, per
+        # step), plain steps' and drafted steps' apart: each kind is forgotten only as newer
+        # steps of its kind come. Forgotten together, a run of drafted steps wiped out what a
+        # plain step costs, and the drafting jump took the difference: SmolLM2 at 16 rows
+        # priced a plain step 50 ms where it took 85, and drafting at all 45 ms where it
+        # cost 20 (what keeps rows plain that should draft)
+        self._plain = _normal_equations()
+        self._drafted = _normal_equations()
         self.observed = 0.0  # discounted batch steps
         # seconds per row a batch step pays outside its forward and its drafts (proposing,
         # accepting, the controller, row by row): the running median of the steps' (robust to
@@ -142,15 +175,18 @@ class BatchCost:
         self._line: tuple | None = None  # (anchor, (a, b, c, j)) until the next observation
         self._since_drafted = 0.0  # batch steps since the last drafted one
 
-    def observe(self, rows: int, positions: int, seconds: float, weight: float = 1.0) -> None:
-        """One batch step over `positions` (a row's record may report it with weight 1 / rows)."""
-        x = _features(rows, positions)
+    def observe(self, rows: int, positions: int, seconds: float, weight: float = 1.0,
+                width: int = 1) -> None:
+        """One batch step over `positions`, its widest row `width` tokens wide (a row's record
+        may report it with weight 1 / rows)."""
+        x = _features(rows, positions, width)
         keep = self.forgetting ** weight
+        xtx, xty = self._drafted if positions > rows else self._plain
         for i in range(FEATURES):
-            row = self._xtx[i]
+            row = xtx[i]
             for j in range(FEATURES):
                 row[j] = row[j] * keep + weight * x[i] * x[j]
-            self._xty[i] = self._xty[i] * keep + weight * seconds * x[i]
+            xty[i] = xty[i] * keep + weight * seconds * x[i]
         self.observed = self.observed * keep + weight
         self._since_drafted = 0.0 if positions > rows else self._since_drafted + weight
         self._line = None
@@ -167,32 +203,33 @@ class BatchCost:
 
     def state(self) -> dict:
         """What restores this model exactly (JSON): the store keeps it per pair and hardware."""
-        return {"xtx": [v for row in self._xtx for v in row], "xty": list(self._xty),
+        (xtx, xty), (plain_xtx, plain_xty) = self._drafted, self._plain
+        return {"xtx": [v for row in xtx for v in row], "xty": list(xty),
+                "plain_xtx": [v for row in plain_xtx for v in row], "plain_xty": list(plain_xty),
                 "observed": self.observed, "row_overhead": self.row_overhead}
 
     def restore(self, state: dict) -> "BatchCost":
-        flat = [float(v) for v in state["xtx"]]
-        n = int(round(len(flat) ** 0.5))  # 3 before the drafting step's jump was a feature
-        self._xtx = [[flat[i * n + j] if i < n and j < n else 0.0 for j in range(FEATURES)]
-                     for i in range(FEATURES)]
-        self._xty = [float(v) for v in state["xty"]] + [0.0] * (FEATURES - n)
+        # kept before plain steps were apart: all of it with the drafted ones; with fewer
+        # features (the jump, the padding added since), those measured anew
+        self._drafted = _normal_equations(state["xtx"], state["xty"])
+        self._plain = _normal_equations(state.get("plain_xtx"), state.get("plain_xty"))
         self.observed = float(state["observed"])
         self._overhead.seed(float(state.get("row_overhead", 0.0)))  # absent before it was kept
         self._line = None
         return self
 
-    def line(self, anchor: tuple[float, float] | None) -> tuple[float, float, float, float] | None:
-        """(a, b, c, j), with batch 1 anchored to the single-row line v(K) = base + slope K
+    def line(self, anchor: tuple[float, float] | None) -> tuple[float, ...] | None:
+        """(a, b, c, j, w), with batch 1 anchored to the single-row line v(K) = base + slope K
         (`anchor`, CostModel.line()); without one (a server that never ran a batch of one),
-        b and c drawn weakly to 0. j, a drafted step's jump, drawn weakly to 0 until steps
-        show one. None before MIN_BATCH_STEPS batch steps. Kept until the next observation
+        b and c drawn weakly to 0. j, a drafted step's jump, and w, what a row pays per query
+        position the widest row pads it to, drawn weakly to 0 until steps show them. None before MIN_BATCH_STEPS batch steps. Kept until the next observation
         (every row of a batch asks)."""
         if self.observed < MIN_BATCH_STEPS:
             return None
         if self._line is not None and self._line[0] == anchor:
             return self._line[1]
-        xtx = [row[:] for row in self._xtx]
-        xty = self._xty[:]
+        xtx = [[p + d for p, d in zip(*rows)] for rows in zip(self._plain[0], self._drafted[0])]
+        xty = [p + d for p, d in zip(self._plain[1], self._drafted[1])]
         rows = xtx[0][1] / xtx[0][0]  # the batch steps' mean size
         # the optimistic end where the steps leave it open: no jump; without a batch of one
         # measured (a closed loop of N clients), b and c 0 too, so plain steps of one size
@@ -200,32 +237,50 @@ class BatchCost:
         # that follow measure c (with b = 0 forced, plain steps priced a drafted token as a
         # row's whole share: on the reference pair at 4 rows no row ever drafted, 0.89x plain)
         xtx[3][3] += UNMEASURED_PRIOR
+        xtx[4][4] += UNMEASURED_PRIOR * rows * rows
         if anchor is None:
             for i in (1, 2):
                 xtx[i][i] += UNMEASURED_PRIOR * rows * rows
         else:
             base, slope = anchor
             w = self.anchor_weight
-            for k in (0.0, 8.0):  # v(0) and v(8) of the single-row line, at B = 1, P = K + 1
-                x = _features(1, int(k) + 1)
+            for k in (0, 8):  # v(0) and v(8) of the single-row line, at B = 1, P = W = K + 1
+                x = _features(1, k + 1, k + 1)
                 for i in range(FEATURES):
                     for j in range(FEATURES):
                         xtx[i][j] += w * x[i] * x[j]
                     xty[i] += w * (base + slope * k) * x[i]
-        a, b, c, jump = _solve(xtx, xty)
+        a, b, c, jump, width = _solve(xtx, xty)
         if self._since_drafted >= STALE_JUMP_STEPS:
             jump = 0.0  # stale: priced at the optimistic end until a drafted step measures it
-        fitted = (a, max(b, 0.0) if anchor is None else b, max(c, 0.0), max(jump, 0.0))
+        fitted = (a, max(b, 0.0) if anchor is None else b, max(c, 0.0), max(jump, 0.0),
+                  max(width, 0.0))
         self._line = (anchor, fitted)
         return fitted
 
 
-def _features(rows: int, positions: int) -> tuple[float, float, float, float]:
-    """A step's regressors: 1, B, P and whether it drafted at all (P > B): on a CPU the first
-    drafted token of a step costs more than the next ones (SmolLM2 at 16 rows: 16 plain
-    tokens 193 ms, 21 tokens 285 ms, 68 tokens 450 ms — the matrix products change kernels),
-    which a line in P alone spreads over every drafted token."""
-    return (1.0, float(rows), float(positions), 1.0 if positions > rows else 0.0)
+def _features(rows: int, positions: int, width: int = 1) -> tuple[float, ...]:
+    """A step's regressors: 1, B, P, whether it drafted at all (P > B) and B (W - 1), the
+    query positions the widest row (W tokens) pads the others to. On a CPU the first drafted
+    token of a step costs more than the next ones (SmolLM2 at 16 rows: 16 plain tokens 193
+    ms, 21 tokens 285 ms, 68 tokens 450 ms — the matrix products change kernels), which a
+    line in P alone spreads over every drafted token; and attention pays for the padding
+    (models/attention.py): at 16 reference rows a step of 46 drafted tokens at mixed widths
+    took 30 ms, one of 49 at one width 24 ms. Over 280 such steps (plain, ngram:2 to 16,
+    adaptive) the residual was 2.1 ms rms without the last regressor, 1.3 ms with it."""
+    return (1.0, float(rows), float(positions), 1.0 if positions > rows else 0.0,
+            float(rows * (width - 1)))
+
+
+def _normal_equations(flat: list[float] | None = None,
+                      v: list[float] | None = None) -> tuple[list[list[float]], list[float]]:
+    """(X'X, X'y) over FEATURES, from a kept state's (`flat` row-major X'X, possibly over
+    fewer features: the others 0) or empty."""
+    flat, v = [float(x) for x in flat or []], [float(x) for x in v or []]
+    n = int(round(len(flat) ** 0.5))
+    xtx = [[flat[i * n + j] if i < n and j < n else 0.0 for j in range(FEATURES)]
+           for i in range(FEATURES)]
+    return xtx, v[:n] + [0.0] * (FEATURES - n)
 
 
 def _solve(m: list[list[float]], v: list[float]) -> list[float]:

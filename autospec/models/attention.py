@@ -27,8 +27,9 @@ _PACKED: contextvars.ContextVar = contextvars.ContextVar("autospec_packed", defa
 @dataclass
 class Packing:
     """Where a packed forward's rows sit: the real tokens' flat index in the padded (n * T)
-    layout; and, where at most half the rows are wider than one token (the usual step under
-    load: a few rows speculate, the rest decode plain), each row's first token in the packed
+    layout; and, where a few rows are wider than one token and padding the others would
+    waste much (`two_passes`: a few rows speculate, the rest decode plain), each row's first
+    token in the packed
     sequence (`starts`) and the wide rows (`wide`) with their other tokens' places in the
     packed sequence (`rest`) and in their own padded (n_wide * (T - 1)) layout (`rest_at`)."""
     flat: torch.Tensor
@@ -43,7 +44,7 @@ class Packing:
     def of(cls, counts: list[int], flat: torch.Tensor, device) -> "Packing":
         n, width = len(counts), max(counts)
         wide = [i for i, c in enumerate(counts) if c > 1]
-        if len(wide) * 2 > n:
+        if not two_passes(n, len(wide), width):
             return cls(flat, n, width)
         offsets = list(itertools.accumulate(counts, initial=0))
         rest = [offsets[i] + t for i in wide for t in range(1, counts[i])]
@@ -92,6 +93,20 @@ def rows_attention(module, query, key, value, attention_mask, **kwargs):
     out[packed.rest] = attended.reshape(wide * (width - 1), heads, dim)[packed.rest_at]
     return out[None], None
 
+
+def two_passes(rows: int, wide: int, width: int) -> bool:
+    """Whether a packed step's attention goes in two passes (every row's first token, then the
+    wide rows' others over their own K and V, gathered) rather than one over every row padded
+    to the widest: where the padding it saves, (rows - wide) (width - 1) query positions, is
+    at least TWO_PASS_SAVING per wide row gathered. Measured at 16 rows (one forward, median
+    of 5-9): both pairs' best path at every wide in 1..12 and K in 4, 8, 16 but one near-tie
+    (the reference pair, 6 rows at K = 16: 28.3 ms against padded 27.0); the rule before,
+    two passes wherever at most half the rows were wide, cost up to 5 ms of 22 on the
+    reference pair and 10 of 101 on SmolLM2 at 8 rows wide (docs/benchmarks.md)."""
+    return wide >= 1 and (rows - wide) * (width - 1) >= TWO_PASS_SAVING * wide
+
+
+TWO_PASS_SAVING = 20  # padded query positions saved per wide row (two_passes)
 
 # Query positions per row up to which rows attend by grouped_attention (a verify feeds k + 1
 # <= 17); a longer query (a prefill) attends by sdpa, which never holds a (T, span) score matrix.

@@ -79,21 +79,37 @@ def test_one_confident_row_speculates_while_the_others_decode_plain():
     assert ks[0] == 8 and (ks[1:] == 0).all()
 
 
-def test_batch_cost_recovers_the_plane_and_a_drafted_step_s_jump():
+def test_batch_cost_recovers_the_plane_a_drafted_step_s_jump_and_the_padding():
     rng = np.random.default_rng(0)
-    for jump in (0.0, 0.004):  # a CPU's first drafted token may cost more than the next ones
-        cost = BatchCost(forgetting=1.0)
-        for _ in range(60):
+    for jump, pad in ((0.0, 0.0), (0.004, 0.0002)):  # a CPU's first drafted token may cost
+        cost = BatchCost(forgetting=1.0)             # more; the widest row pads attention
+        for _ in range(80):
             rows = int(rng.integers(2, 17))
-            tokens = rows + int(rng.integers(0, 3 * rows))
-            cost.observe(rows, tokens, 0.010 + 0.001 * rows + 0.0005 * tokens
-                         + (jump if tokens > rows else 0.0))
-        fitted = cost.line((0.0115, 0.0005 + jump / 8))  # batch 1's line over the same steps
-        assert fitted == pytest.approx((0.010, 0.001, 0.0005, jump), rel=0.05, abs=2e-4)
+            drafted = int(rng.integers(0, 3 * rows))
+            width = 1 + (int(rng.integers(-(-drafted // rows), drafted + 1)) if drafted else 0)
+            cost.observe(rows, rows + drafted, 0.010 + 0.001 * rows + 0.0005 * (rows + drafted)
+                         + (jump if drafted else 0.0) + pad * rows * (width - 1), width=width)
+        # batch 1's line over the same steps (one row: W = K + 1)
+        fitted = cost.line((0.0115, 0.0005 + jump / 8 + pad))
+        assert fitted == pytest.approx((0.010, 0.001, 0.0005, jump, pad), rel=0.05, abs=2e-5)
     assert BatchCost().line(None) is None  # nothing measured yet
     old = {"xtx": [1.0, 2.0, 3.0, 2.0, 5.0, 6.0, 3.0, 6.0, 9.0], "xty": [1.0, 2.0, 3.0],
            "observed": 5.0}  # kept before the jump was a feature
     assert BatchCost().restore(old).state()["xtx"][:3] == [1.0, 2.0, 3.0]
+
+
+def test_a_priced_padding_caps_the_widest_row():
+    """Attention pads every row to the widest (models/attention.py): where that has a price
+    (Prices.width), one confident row no longer drafts 16 while the others draft 5 — every
+    row is capped alike, as wide as the padding pays for — and plain is kept where none
+    does."""
+    means = [[0.99] * 16] + [[0.8] * 16] * 15
+    def prices(width):
+        fixed = 0.01 + 0.0012 * 16
+        return Prices(16, fixed, 0.0002, [], [0.0] * 17, fixed, 0.0, width)
+    assert batch_ks(means, [0.0] * 16, prices(0.0)) == [16] + [5] * 15
+    assert batch_ks(means, [0.0] * 16, prices(0.0005)) == [2] * 16
+    assert batch_ks(means, [0.0] * 16, prices(0.002)) == [0] * 16
 
 
 def test_the_controller_stops_speculating_when_the_batch_cost_says_so():

@@ -26,7 +26,7 @@ def _rows(model, packed: bool):
                 cache.claim()
                 cache.forward(model, kwarg, [slot], [[t % 32 for t in range(3, 3 + length)]], 128, last=1)
                 cache.lengths[slot] = length
-            for inputs in (WIDTHS, [[1], [2, 3], [4], [5]]):
+            for inputs in (WIDTHS, [[1], list(range(2, 13)), [4], [5]]):
                 logits = cache.forward(model, kwarg, [0, 1, 2, 3], inputs, 128)
                 out += [logits[i, :len(ids)].clone() for i, ids in enumerate(inputs)]  # a view
                 for slot, ids in enumerate(inputs):
@@ -39,13 +39,15 @@ def _rows(model, packed: bool):
 def test_packed_rows_give_the_padded_forwards_logits_from_their_real_tokens_only():
     model = random_llama(32, seed=3, layers=2)
     # both routes of a packed forward: WIDTHS (3 of 4 rows wide) one padded pass; the second
-    # forward (1 of 4 wide) every row's first token, then the wide row's others apart
+    # forward (1 of 4 wide, padding 3 x 10 positions) every row's first token, then the wide
+    # row's others apart
     assert Packing.of([3, 1, 5, 2], torch.arange(11), "cpu").wide is None
-    assert Packing.of([1, 2, 1, 1], torch.arange(5), "cpu").wide.tolist() == [1]
+    assert Packing.of([1, 11, 1, 1], torch.arange(14), "cpu").wide.tolist() == [1]
+    assert Packing.of([1, 2, 1, 1], torch.arange(5), "cpu").wide is None  # saves 3 positions
     padded, padded_inputs = _rows(model, packed=False)
     packed, packed_inputs = _rows(model, packed=True)
-    assert padded_inputs == [(4, 5), (4, 2)]
-    assert packed_inputs == [(1, 11), (1, 5)]  # the rows' tokens back to back
+    assert padded_inputs == [(4, 5), (4, 11)]
+    assert packed_inputs == [(1, 11), (1, 14)]  # the rows' tokens back to back
     for a, b in zip(padded, packed):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
