@@ -57,7 +57,7 @@ class Learner:
         for s in steps:
             if s.batch_size > 1:
                 self.batch.observe(s.batch_size, s.batch_tokens, s.verify_seconds,
-                                   1 / s.batch_size)
+                                   1 / s.batch_size, s.batch_width)
         self.costs.observe_verify_many([s.verify_tokens for s in single],
                                        [s.verify_seconds for s in single])
         # an unlabelled request informs the pooled estimates only
@@ -161,8 +161,10 @@ def fleet_estimates(members: Iterable[dict[str, dict[str, Estimate]]]) -> dict[s
 
 def fleet_batch_cost(states: Iterable[dict]) -> dict | None:
     """Several daemons' BatchCost.state() as one: the sufficient statistics add up."""
-    states = [s for s in states if s and s["observed"] > 0]
+    # each in today's layout first (a daemon of an older version kept fewer features)
+    states = [BatchCost().restore(s).state() for s in states if s and s["observed"] > 0]
     if not states:
         return None
     return {name: np.sum([np.asarray(s[name], float) for s in states], axis=0).tolist()
-            for name in ("xtx", "xty")} | {"observed": float(sum(s["observed"] for s in states))}
+            for name in ("xtx", "xty", "plain_xtx", "plain_xty")} | {
+        "observed": float(sum(s["observed"] for s in states))}
