@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from autospec.bench.methods import RunResult, make_runner
+from autospec.bench.roofline import peaks, roofline
 from autospec.controller.formulas import speedup
 from autospec.engine.loop import Engine
 from autospec.method import Method, parse_method
@@ -179,6 +180,8 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
     report["theoretical"] = theoretical_best(report["measured_static"])
     report["predicted_static"] = predicted_static(report)
     report["sample_outputs"] = {p.id: tok.decode(data.outputs["plain"][p.id]) for p in prompts[:3]}
+    report["roofline"] = roofline([s for steps in data.steps.values() for _, s in steps],
+                                  engine.models.target, *peaks())
     return report
 
 
@@ -387,8 +390,8 @@ def own_params(model, target) -> int:
 
 
 def _machine() -> dict:
-    from autospec.engine.bandwidth import peak_bandwidth_gbs
+    copy_gbs, matmul_gflops = peaks()
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "cuda": torch.cuda.is_available(),
-            "peak_bandwidth_gbs": peak_bandwidth_gbs()}
+            "peak_bandwidth_gbs": copy_gbs, "peak_matmul_gflops": matmul_gflops}

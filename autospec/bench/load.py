@@ -43,6 +43,7 @@ import torch
 
 from autospec.bench.harness import OVERALL, Cell, Prompt, cell_stats, prompt_ids
 from autospec.bench.methods import RunResult, fresh_history, hf_generate
+from autospec.bench.roofline import format_roofline, peaks, roofline
 from autospec.controller.factory import make_controller
 from autospec.engine.loop import Engine
 from autospec.engine.request import Job
@@ -122,9 +123,11 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
                              f"{runs[m.spec][-1].wall_s:.1f} s")
         median = {spec: sorted(rs, key=lambda run: run.wall_s)[len(rs) // 2] for spec, rs in runs.items()}
         plain = median.get("plain")
+        steps = [s for run in median.values() for r in run.results for s in r.step_records or []]
         out[str(level)] = {"methods": {
             spec: _method_stats(run, prompts, categories, plain, temperature == 0)
-            for spec, run in median.items()}}
+            for spec, run in median.items()},
+            "roofline": roofline(steps, engine.models.target, *peaks())}
     return out
 
 
@@ -232,6 +235,9 @@ def format_load_table(by_concurrency: dict) -> str:
                 f"{f' ({sp:.2f}x)' if sp else ''} | {_ms(s['itl_p50_ms'])} / {_ms(s['itl_p99_ms'])} | "
                 f"{_ms(s['ttft_p50_ms'])} / {_ms(s['ttft_p99_ms'])} | "
                 f"{'' if acc is None else f'{acc:.2f}'} | {'' if same is None else same} |")
+    for level, entry in by_concurrency.items():
+        line = format_roofline(entry.get("roofline") or [], f" at N = {level}")
+        lines += ["", line] if line else []
     return "\n".join(lines)
 
 

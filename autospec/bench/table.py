@@ -7,6 +7,7 @@ import statistics
 
 from autospec.bench.harness import OVERALL
 from autospec.bench.methods import DERIVED
+from autospec.bench.roofline import format_roofline
 
 
 def format_table(report: dict) -> str:
@@ -34,6 +35,10 @@ def format_table(report: dict) -> str:
         gbs = plain[OVERALL]["bandwidth_gbs"]
         lines += ["", f"plain decoding read {gbs:.1f} GB/s of weights + KV = {gbs / peak:.0%} of "
                       f"this machine's measured copy peak ({peak:.1f} GB/s)"]
+    line = format_roofline(report.get("roofline") or [], ", one row")
+    if line:
+        peak_flops = report["machine"].get("peak_matmul_gflops")
+        lines += ["", line + f"; copy peak {peak:.1f} GB/s, matmul peak {peak_flops:.0f} GFLOP/s"]
     shares = [f"{name} {stats[OVERALL]['controller_share']:.1%}" for name, stats in report["methods"].items()
               if stats[OVERALL].get("controller_share", 0) > 0.001]
     if shares:

@@ -37,6 +37,15 @@ def test_bench_under_load_writes_by_concurrency(tmp_path):
         assert isinstance(hf["identical_to_plain"], bool)
         assert hf["itl_p50_ms"] is None and hf["itl_p99_ms"] is None  # no stream: no interval
         assert level["methods"]["plain"]["overall"]["speedup_vs_plain"] == pytest.approx(1.0)
+    # the roofline: every forward shape measured against this machine's bound, one row and
+    # under load (the plain rows of N = 2 among them)
+    assert report["machine"]["peak_matmul_gflops"] > 0
+    one_row = {(r["rows"], r["width"]) for r in report["roofline"]}
+    assert (1, 1) in one_row and (1, 3) in one_row  # plain and static:ngram:2's verify
+    assert (2, 1) in {(r["rows"], r["width"]) for r in report["by_concurrency"]["2"]["roofline"]}
+    for r in report["roofline"]:
+        assert 0 < r["of_bound"] and r["limit"] in ("memory", "compute")
+    assert "roofline, one row" in result.output and "roofline at N = 2" in result.output
     assert report["settings"]["not_under_load"] == ["hf:prompt-lookup:2"]
     assert "| 2 | ctl:batch-table |" in result.output
     assert "| 2 | hf:generate |" in result.output
