@@ -236,6 +236,12 @@ def format_load_table(by_concurrency: dict) -> str:
                 f"{_ms(s['ttft_p50_ms'])} / {_ms(s['ttft_p99_ms'])} | "
                 f"{'' if acc is None else f'{acc:.2f}'} | {'' if same is None else same} |")
     for level, entry in by_concurrency.items():
+        shares = [f"{name} {stats[OVERALL]['controller_share']:.1%}"
+                  for name, stats in entry["methods"].items()
+                  if stats[OVERALL].get("controller_share", 0) > 0.001]
+        if shares:
+            lines += ["", f"controller decide + update at N = {level}, share of wall time: "
+                          + ", ".join(shares)]
         line = format_roofline(entry.get("roofline") or [], f" at N = {level}")
         lines += ["", line] if line else []
     return "\n".join(lines)

@@ -46,6 +46,7 @@ def test_bench_under_load_writes_by_concurrency(tmp_path):
     for r in report["roofline"]:
         assert 0 < r["of_bound"] and r["limit"] in ("memory", "compute")
     assert "roofline, one row" in result.output and "roofline at N = 2" in result.output
+    assert "controller decide + update at N = 2, share of wall time" in result.output
     assert report["settings"]["not_under_load"] == ["hf:prompt-lookup:2"]
     assert "| 2 | ctl:batch-table |" in result.output
     assert "| 2 | hf:generate |" in result.output
