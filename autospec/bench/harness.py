@@ -181,7 +181,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
     report["predicted_static"] = predicted_static(report)
     report["sample_outputs"] = {p.id: tok.decode(data.outputs["plain"][p.id]) for p in prompts[:3]}
     report["roofline"] = roofline([s for steps in data.steps.values() for _, s in steps],
-                                  engine.models.target, *peaks())
+                                  engine.models.target, *peaks(engine.models.target))
     return report
 
 
@@ -390,7 +390,7 @@ def own_params(model, target) -> int:
 
 
 def _machine() -> dict:
-    copy_gbs, matmul_gflops = peaks()
+    copy_gbs, matmul_gflops = peaks()  # the host's (the roofline uses the target's device)
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "cuda": torch.cuda.is_available(),

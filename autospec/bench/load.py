@@ -127,7 +127,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
         out[str(level)] = {"methods": {
             spec: _method_stats(run, prompts, categories, plain, temperature == 0)
             for spec, run in median.items()},
-            "roofline": roofline(steps, engine.models.target, *peaks())}
+            "roofline": roofline(steps, engine.models.target, *peaks(engine.models.target))}
     return out
 
 

@@ -60,10 +60,12 @@ def roofline(steps: Iterable, model: nn.Module, copy_gbs: float, matmul_gflops: 
     return sorted(out, key=lambda r: (r["rows"], r["width"]))
 
 
-def peaks() -> tuple[float, float]:
-    """This machine's (copy GB/s, matmul GFLOP/s), measured once and cached."""
+def peaks(model: nn.Module | None = None) -> tuple[float, float]:
+    """The (copy GB/s, matmul GFLOP/s) of the device `model` runs on (default: the CPU),
+    measured once and cached."""
     from autospec.engine.bandwidth import peak_bandwidth_gbs, peak_matmul_gflops
-    return peak_bandwidth_gbs(), peak_matmul_gflops()
+    device = "cpu" if model is None else str(next(model.parameters()).device)
+    return peak_bandwidth_gbs(device), peak_matmul_gflops(device)
 
 
 def format_roofline(rows: list[dict], label: str = "") -> str:

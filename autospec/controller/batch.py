@@ -21,8 +21,8 @@ worth g_ij - R d_i; those fall along a row, so the best X tokens are the X best 
 prefixes; R is recomputed from it until it holds (Dinkelbach's iteration on the ratio), a few
 rounds. Attention pads every row to the widest (w B (W - 1)), which a token's worth does not
 see: where w is measured, the same is done with every row's K capped at 1, 2, 4, 8, 16, and
-the best of those kept. At batch 1 this is the best K of one row against its measured forward sizes; X = 0
-(plain for every row) where no draft pays for its forward.
+the best of those kept. At batch 1 this is the best K of one row against its measured
+forward sizes; X = 0 (plain for every row) where no draft pays for its forward.
 
 The same step prices each row's drafter choice (adaptive.decide_batch): a row pays its share
 of the step, s / B, and a drafted token's price c.
@@ -172,7 +172,7 @@ class BatchCost:
         # a one-off pause), 0 until measured. Charged to every width alike, it is what makes
         # fewer, longer steps worth their padding
         self._overhead = RunningMedian()
-        self._line: tuple | None = None  # (anchor, (a, b, c, j)) until the next observation
+        self._line: tuple | None = None  # (anchor, (a, b, c, j, w)) until the next observation
         self._since_drafted = 0.0  # batch steps since the last drafted one
 
     def observe(self, rows: int, positions: int, seconds: float, weight: float = 1.0,
