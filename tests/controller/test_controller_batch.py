@@ -312,3 +312,21 @@ def test_a_step_cap_bounds_the_controller_s_k_at_batch_1():
 def test_a_step_cap_below_a_plain_step_is_refused():
     with pytest.raises(ValueError, match="step_cap"):
         ControllerSettings(step_cap=0.5)
+
+
+def test_a_run_of_drafted_steps_keeps_what_a_plain_step_costs():
+    """Plain and drafted steps are forgotten apart: after 150 drafted steps (16 rows, noisy)
+    the line still prices a plain step of 16 rows at what the 10 plain ones before them cost
+    (discounted together, it priced it 15 % over here, and the drafting jump under)."""
+    import random
+    rng = random.Random(0)
+    cost = BatchCost()
+    for _ in range(10):
+        cost.observe(16, 16, 0.085 + rng.gauss(0, 0.002))
+    for _ in range(150):
+        drafted, width = rng.randint(10, 40), rng.randint(2, 6)
+        cost.observe(16, 16 + drafted, 0.105 + 0.0008 * drafted + 0.0032 * (width - 1)
+                     + rng.gauss(0, 0.003), width=width)
+    a, b, c, jump, _ = cost.line((0.030, 0.0015))  # a batch-1 line pulling the other way
+    assert a + 16 * b + 16 * c == pytest.approx(0.085, rel=0.05)
+    assert jump > 0.010
