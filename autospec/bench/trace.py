@@ -8,8 +8,15 @@ live engine would do. Costs are measured once during recording (draft seconds pe
 drafter, verify seconds per forward size), and replay charges them, so controllers are
 compared deterministically and in milliseconds (this is what `tune` searches over).
 
+Under load (`replay_batch`, `autospec replay --rows N`): N closed-loop clients over the
+trace's requests, every step charged the batch line s(B, P, W) of controller/batch.py as
+`calibrate_batch` measured it on the target (recorded beside the batch-1 costs), and a
+controller that knows the future (`HindsightController`): the ceiling of what any controller
+that learns from evidence can reach at those costs.
+
 File format (JSON): {"schema_version": 1, "k_max": int, "costs": {"verify_seconds": [K_max+1],
-"draft_seconds_per_token": {drafter: float}}, "models": {"target", "draft", "pair"},
+"draft_seconds_per_token": {drafter: float}, "batch_line": [a, b, c, j, w] (seconds; absent
+in traces recorded before it)}, "models": {"target", "draft", "pair"},
 "requests": [{"id", "category", "prompt": [ids], "output": [ids], "match": {drafter: [ints]}}]}
 """
 from __future__ import annotations
@@ -22,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from autospec.controller.batch import Prices, step_features, batch_ks
 from autospec.drafters.base import DraftContext, create_drafter
 from autospec.engine.accept import agreeing_prefix
 from autospec.engine.loop import Engine
@@ -39,6 +47,9 @@ class TraceRequest:
     prompt: list[int]
     output: list[int]
     match: dict[str, list[int]]  # drafter -> (len(output),) agreeing draft tokens at each t
+    # drafter -> (len(output),) tokens it proposed at each t when asked for K_max (a look-up
+    # drafter may have fewer or none); absent in traces recorded before: K_max everywhere
+    proposed: dict[str, list[int]] | None = None
 
 
 @dataclass
@@ -48,6 +59,7 @@ class Trace:
     draft_seconds_per_token: dict[str, float]
     requests: list[TraceRequest] = field(default_factory=list)
     models: dict = field(default_factory=dict)
+    batch_line: list[float] | None = None  # (a, b, c, j, w) of a batch step (calibrate_batch)
 
     @property
     def pair(self) -> str | None:
@@ -66,9 +78,11 @@ class Trace:
         return key
 
     def save(self, path: Path) -> None:
-        payload = {"schema_version": SCHEMA_VERSION, "k_max": self.k_max,
-                   "costs": {"verify_seconds": self.verify_seconds,
-                             "draft_seconds_per_token": self.draft_seconds_per_token},
+        costs = {"verify_seconds": self.verify_seconds,
+                 "draft_seconds_per_token": self.draft_seconds_per_token}
+        if self.batch_line is not None:
+            costs["batch_line"] = self.batch_line
+        payload = {"schema_version": SCHEMA_VERSION, "k_max": self.k_max, "costs": costs,
                    "models": self.models,
                    "requests": [r.__dict__ for r in self.requests]}
         Path(path).write_text(json.dumps(payload) + "\n")
@@ -85,15 +99,17 @@ class Trace:
         try:
             return cls(raw["k_max"], raw["costs"]["verify_seconds"],
                        raw["costs"]["draft_seconds_per_token"],
-                       [TraceRequest(**r) for r in raw["requests"]], raw.get("models", {}))
+                       [TraceRequest(**r) for r in raw["requests"]], raw.get("models", {}),
+                       raw["costs"].get("batch_line"))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"trace '{path}': malformed ({exc})") from None
 
 
 @torch.inference_mode()
 def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
-           max_new_tokens: int = 128, progress=None) -> Trace:
-    """Greedy only. For every prompt: the plain output, then each drafter's matches."""
+           max_new_tokens: int = 128, progress=None, batch_rows: int = 16) -> Trace:
+    """Greedy only. For every prompt: the plain output, then each drafter's matches; the
+    forward's costs at batch 1 and over `batch_rows` rows (0: not)."""
     from autospec.bench.harness import prompt_ids
     draft_times: dict[str, list[float]] = {d: [] for d in drafters}
     requests = []
@@ -102,26 +118,44 @@ def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
         plain = engine.generate(ids, controller=StaticController(None, 0),
                                 max_new_tokens=p.max_new_tokens or max_new_tokens)
         output = plain.token_ids
-        match = {}
+        hidden = _features_of(engine, ids + output)
+        match, proposed = {}, {}
         for name in drafters:
             drafter = create_drafter(name, engine.models, **engine.drafter_options.get(name, {}))
-            counts = []
+            counts, lengths = [], []
             for t in range(len(output)):
                 tokens = ids + output[:t]
                 t0 = time.perf_counter()
-                draft = drafter.propose(DraftContext(tokens, SamplingParams()), k_max)
+                features = None if hidden is None else hidden[:len(tokens) - 1]
+                draft = drafter.propose(DraftContext(tokens, SamplingParams(), hidden=features),
+                                        k_max)
                 if draft.tokens:
                     draft_times[name].append((time.perf_counter() - t0) / len(draft.tokens))
                 counts.append(agreeing_prefix(draft.tokens, output[t:t + len(draft.tokens)]))
-            match[name] = counts
-        requests.append(TraceRequest(p.id, p.category, ids, output, match))
+                lengths.append(len(draft.tokens))
+            match[name], proposed[name] = counts, lengths
+        requests.append(TraceRequest(p.id, p.category, ids, output, match, proposed))
         if progress:
             progress(f"recorded {i + 1}/{len(prompts)}: {p.id}")
     verify = calibrate_verify(engine, requests[0].prompt + requests[0].output, k_max)
+    line = (calibrate_batch(engine, [r.prompt + r.output for r in requests], batch_rows)
+            if batch_rows > 1 else None)
     return Trace(k_max, verify,
                  {d: statistics.median(v) if v else 0.0 for d, v in draft_times.items()},
                  requests, {"target": engine.models.target_name, "draft": engine.models.draft_name,
-                            "pair": engine.models.key})
+                            "pair": engine.models.key}, line)
+
+
+def _features_of(engine: Engine, tokens: list[int]) -> torch.Tensor | None:
+    """The target's last hidden state at every position but the last of `tokens`, where the
+    engine keeps them (a pair with a feature head: what `eagle` drafts from); else None."""
+    if engine.cache.hidden is None:
+        return None
+    request = engine.start(tokens, max_new_tokens=1)
+    try:
+        return engine.cache.hidden_of(request.slot).clone()
+    finally:
+        engine.abandon(request)
 
 
 @torch.inference_mode()
@@ -145,6 +179,103 @@ def calibrate_verify(engine: Engine, tokens: list[int], k_max: int, repeats: int
     finally:
         engine.abandon(request)
     return out
+
+
+@torch.inference_mode()
+def calibrate_batch(engine: Engine, contexts: list[list[int]], rows: int = 16,
+                    repeats: int = 5) -> list[float]:
+    """(a, b, c, j, w): the batch line of controller/batch.py (a + b B + c P + j [drafted] +
+    w B (W - 1) seconds) fitted by least squares to the median seconds of the target's
+    forward over `rows` and `rows` / 2 rows at the recorded contexts (cycled), at plain,
+    uniform and mixed widths (each forward rolled back)."""
+    widest = 9
+    contexts = [tokens[:max(2, len(tokens) - widest)] for tokens in contexts]
+    batch = Engine(engine.models, engine.drafter_options, max_batch=rows,
+                   max_len=max(map(len, contexts)) + widest + 1)
+    requests = [batch.start(contexts[i % len(contexts)], max_new_tokens=widest)
+                for i in range(rows)]
+    features, seconds = [], []
+    try:
+        slots = [request.slot for request in requests]
+        base = [batch.cache.lengths[slot] for slot in slots]
+        for b in sorted({max(2, rows // 2), rows}):
+            q = max(1, b // 4)
+            for widths in ([1] * b, [2] * b, [3] * b, [2] * (b // 2) + [1] * (b - b // 2),
+                           [5] * q + [1] * (b - q), [widest] + [1] * (b - 1),
+                           [3] * q + [2] * q + [1] * (b - 2 * q)):
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    batch._forward(slots[:b], [[requests[i].tokens[-1]] * w
+                                               for i, w in enumerate(widths)])
+                    times.append(time.perf_counter() - t0)
+                    for slot, length in zip(slots, base):
+                        batch.cache.lengths[slot] = length
+                features.append(step_features(b, sum(widths), max(widths)))
+                seconds.append(statistics.median(times))
+    finally:
+        for request in requests:
+            batch.abandon(request)
+    x = torch.tensor(features, dtype=torch.float64)
+    y = torch.tensor(seconds, dtype=torch.float64).unsqueeze(1)
+    kept = list(range(x.shape[1]))
+    while True:  # least squares with b, c, j, w >= 0: a negative one is dropped, the rest refit
+        fitted = [0.0] * x.shape[1]
+        for i, value in zip(kept, torch.linalg.lstsq(x[:, kept], y).solution.squeeze(1).tolist()):
+            fitted[i] = value
+        negative = [i for i in kept[1:] if fitted[i] < 0]
+        if not negative:
+            return fitted
+        kept.remove(min(negative, key=fitted.__getitem__))
+
+
+def trace_prices(trace: Trace, rows: int) -> Prices:
+    """The step's prices the trace's costs give at `rows` rows (the batch line past one)."""
+    if rows == 1:
+        v = trace.verify_seconds
+        return Prices(1, v[0], 0.0, v, v, v[0])
+    a, b, c, jump, width = _batch_line(trace)
+    return Prices(rows, a + (b + c) * rows, c, [], [], a + b + c, jump, width)
+
+
+def _batch_line(trace: Trace) -> list[float]:
+    if trace.batch_line is None:
+        raise ValueError("the trace has no batch line (recorded before batches were "
+                         "calibrated): record it again (autospec bench --record)")
+    return trace.batch_line
+
+
+class HindsightController:
+    """Knows every request's future (the trace's outputs): each row drafts, with the drafter
+    that agrees longest there, only tokens the target keeps, and every row's K is chosen for
+    the step's goodput over those certain tokens (batch_ks at the trace's prices). No
+    controller that learns from evidence can pass it at the same costs: its figure is the
+    ceiling a live one is measured against (`autospec replay --controller hindsight`)."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.requests = {r.id: r for r in trace.requests}
+
+    def decide(self, request) -> tuple[str | None, int]:
+        return self.decide_batch([request])[0]
+
+    def decide_batch(self, requests, peek=None) -> list[tuple[str | None, int]]:
+        costs = self.trace.draft_seconds_per_token
+        picks = []
+        for request in requests:
+            recorded = self.requests[request.request_id]
+            at = len(request.tokens) - request.prompt_len
+            picks.append(max(((d, matches[at]) for d, matches in recorded.match.items()),
+                             key=lambda pick: (pick[1], -costs.get(pick[0], 0.0))))
+        ks = batch_ks([[1.0] * agree for _, agree in picks],
+                      [costs.get(d, 0.0) for d, _ in picks], trace_prices(self.trace, len(requests)))
+        return [(d, k) if k else (None, 0) for (d, _), k in zip(picks, ks)]
+
+    def update(self, record: StepRecord, request) -> None:
+        pass
+
+    def update_batch(self, records, requests) -> None:
+        pass
 
 
 @dataclass
@@ -184,18 +315,92 @@ def replay(trace: Trace, controller: Controller, requests: list[TraceRequest] | 
             drafter, k = decide_batch(controller, [sim])[0]
             k = max(0, min(k, trace.k_max, n - t - 1)) if drafter else 0
             drafter = drafter if k else None
-            agree = min(req.match[drafter][t], k) if drafter else 0
+            made = _proposal(req, drafter, k, t)
+            agree = min(req.match[drafter][t], made) if drafter else 0
             emitted = req.output[t:t + agree + 1]
             context = len(sim.tokens) - 1
             sim.tokens.extend(emitted)
             t += len(emitted)
             if t >= n:
                 sim.finish_reason = "length"
-            draft_s = trace.draft_seconds_per_token.get(drafter, 0.0) * k if drafter else 0.0
-            record = StepRecord(req.id, len(steps), drafter or "none", k, k, agree, len(emitted),
-                                draft_s, verify[k], k + 1, context, 0, 0.0)
+            draft_s = trace.draft_seconds_per_token.get(drafter, 0.0) * made if drafter else 0.0
+            record = StepRecord(req.id, len(steps), drafter or "none", k, made, agree,
+                                len(emitted), draft_s, verify[made], made + 1, context, 0, 0.0)
             steps.append(record)
             update_batch(controller, [record], [sim])
         wall = sum(s.draft_seconds + s.verify_seconds for s in steps)
         records.append(summarise(req.id, len(req.prompt), steps, wall, req.category))
     return records
+
+
+def _proposal(recorded: TraceRequest, drafter: str | None, k: int, at: int) -> int:
+    """Tokens `drafter` proposes at output position `at` when asked for k: k, or fewer where
+    the trace recorded a shorter proposal (a look-up drafter's short match, or none)."""
+    lengths = (recorded.proposed or {}).get(drafter) if drafter else None
+    return k if lengths is None else min(k, lengths[at])
+
+
+@dataclass
+class _Client:
+    recorded: TraceRequest
+    sim: SimRequest
+    steps: list[StepRecord] = field(default_factory=list)
+    at: int = 0  # output tokens emitted
+    seconds: float = 0.0  # simulated seconds since it was sent
+
+
+def replay_batch(trace: Trace, controller: Controller, rows: int,
+                 requests: list[TraceRequest] | None = None) -> tuple[list, float]:
+    """`rows` closed-loop clients over the trace's requests (each sends the next when its last
+    ends), every step decided for all its rows at once (`decide_batch`) and charged the
+    trace's batch line at its rows, positions and width, plus each row's drafting at the
+    recorded seconds per token (a model drafter's rows as if each drafted alone: dearer than
+    the engine's one batched forward). (one RequestRecord per request in order, simulated
+    seconds of the whole run)."""
+    a, b, c, jump, width = _batch_line(trace)
+    queue = list(requests or trace.requests)
+    active: list[_Client] = []
+    done: dict[str, object] = {}
+    elapsed = 0.0
+    while queue or active:
+        while len(active) < rows and queue:
+            req = queue.pop(0)
+            active.append(_Client(req, SimRequest(req.id, list(req.prompt), len(req.prompt),
+                                                  req.category)))
+        plan = []  # (drafter, k, tokens proposed) per row
+        for client, (drafter, k) in zip(active, decide_batch(controller, [c.sim for c in active])):
+            n = len(client.recorded.output)
+            k = max(0, min(k, trace.k_max, n - client.at - 1)) if drafter else 0
+            plan.append((drafter, k, _proposal(client.recorded, drafter, k, client.at))
+                        if k else (None, 0, 0))
+        size = len(active)
+        positions = size + sum(made for *_, made in plan)
+        widest = 1 + max(made for *_, made in plan)
+        forward = (a + b * size + c * positions + (jump if positions > size else 0.0)
+                   + width * size * (widest - 1))
+        drafting = [trace.draft_seconds_per_token.get(d, 0.0) * made if d else 0.0
+                    for d, _, made in plan]
+        step = forward + sum(drafting)
+        records = []
+        for client, (drafter, k, made), draft_s in zip(active, plan, drafting):
+            agree = min(client.recorded.match[drafter][client.at], made) if drafter else 0
+            emitted = client.recorded.output[client.at:client.at + agree + 1]
+            context = len(client.sim.tokens) - 1
+            client.sim.tokens.extend(emitted)
+            client.at += len(emitted)
+            client.seconds += step
+            if client.at >= len(client.recorded.output):
+                client.sim.finish_reason = "length"
+            record = StepRecord(client.recorded.id, len(client.steps), drafter or "none", k, made,
+                                agree, len(emitted), draft_s, forward, made + 1, context, 0, 0.0,
+                                batch_size=size, batch_tokens=positions, batch_width=widest)
+            client.steps.append(record)
+            records.append(record)
+        update_batch(controller, records, [client.sim for client in active])
+        elapsed += step
+        for client in [c for c in active if c.sim.done]:
+            active.remove(client)
+            done[client.recorded.id] = summarise(client.recorded.id, len(client.recorded.prompt),
+                                                 client.steps, client.seconds,
+                                                 client.recorded.category)
+    return [done[r.id] for r in requests or trace.requests], elapsed

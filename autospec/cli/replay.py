@@ -9,21 +9,27 @@ import click
 
 from autospec.cli.options import trace_pair_option
 
-DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema")
+DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema", "hindsight")
+HINDSIGHT = "hindsight"
 
 
 @click.command()
 @click.argument("trace_path", type=click.Path(path_type=Path))
 @click.option("--controller", "controllers", multiple=True,
               help="Repeatable: plain, static:DRAFTER:K, adaptive, ctl:fixed[:DRAFTER:K], "
-                   "ctl:hf-heuristic[:DRAFTER], ctl:ema[:DRAFTER]. Default: plain, adaptive, the "
-                   "ctl: baselines, and static:D:K for every recorded drafter and K in 1,2,4,8.")
+                   "ctl:hf-heuristic[:DRAFTER], ctl:ema[:DRAFTER], ctl:batch-table[:DRAFTER], "
+                   "hindsight (knows the outputs: the ceiling). Default: plain, adaptive, the "
+                   "ctl: baselines, hindsight, and static:D:K for every recorded drafter and K in "
+                   "1,2,4,8.")
+@click.option("--rows", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Closed-loop clients decoded at once: each step is charged the trace's "
+                   "batch line (recorded with it); throughput over the whole run.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
 @click.option("--warm-start", is_flag=True,
               help="Instead: steps the adaptive controller needs to reach steady state, cold "
                    "(a new process) vs warm (started from what the daemon learnt).")
 @trace_pair_option
-def replay(trace_path, controllers, json_path, warm_start, pair):
+def replay(trace_path, controllers, rows, json_path, warm_start, pair):
     """Simulated tokens/s per controller and category, from the trace's recorded costs."""
     from autospec.bench.trace import Trace
     from autospec.method import parse_methods
@@ -42,7 +48,10 @@ def replay(trace_path, controllers, json_path, warm_start, pair):
         if not controllers:
             controllers = DEFAULT_CONTROLLERS + tuple(
                 f"static:{d}:{k}" for d in drafters for k in (1, 2, 4, 8) if k <= trace.k_max)
-        results = run_replay(trace, parse_methods(",".join(controllers)), drafters)
+        texts = [c.strip() for spec in controllers for c in spec.split(",")]
+        methods = parse_methods(",".join(t for t in texts if t != HINDSIGHT) or "plain")
+        methods += [HINDSIGHT] if HINDSIGHT in texts else []
+        results = run_replay(trace, methods, drafters, rows)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_replay(results))
@@ -57,25 +66,34 @@ def check_trace_pair(trace, path, pair: str) -> None:
         raise ValueError(f"trace '{path}' was recorded on pair '{recorded}', not '{pair}'")
 
 
-def run_replay(trace, methods, drafters) -> dict:
-    """{method: {category: figures}} for each Method (autospec.method) on the trace."""
+def run_replay(trace, methods, drafters, rows: int = 1) -> dict:
+    """{method: {category: figures}} for each Method (autospec.method) or HINDSIGHT on the
+    trace; over `rows` clients at once, only "overall" (categories share the steps)."""
+    from autospec.bench.trace import HindsightController, replay as replay_trace, replay_batch
     from autospec.controller.factory import make_controller
-    from autospec.bench.trace import replay as replay_trace
     out = {}
     for method in methods:
-        for d in method.needs_drafters:
-            if d not in trace.draft_seconds_per_token:
-                raise ValueError(f"controller '{method}' needs drafter '{d}', which the trace did "
-                                 f"not record (recorded: {', '.join(drafters)})")
-        records = replay_trace(trace, make_controller(method, drafters))
+        if method == HINDSIGHT:
+            controller, spec = HindsightController(trace), HINDSIGHT
+        else:
+            for d in method.needs_drafters:
+                if d not in trace.draft_seconds_per_token:
+                    raise ValueError(f"controller '{method}' needs drafter '{d}', which the trace "
+                                     f"did not record (recorded: {', '.join(drafters)})")
+            controller, spec = make_controller(method, drafters), method.spec
         by_cat = defaultdict(lambda: [0, 0.0, 0])
-        for r in records:
-            for key in (r.workload, "overall"):
-                by_cat[key][0] += r.output_tokens
-                by_cat[key][1] += r.wall_seconds
-                by_cat[key][2] += r.steps
-        out[method.spec] = {c: {"tokens_per_s": t / s, "tokens": t, "simulated_s": s,
-                                "mean_accepted_length": t / n} for c, (t, s, n) in by_cat.items()}
+        if rows > 1:
+            records, elapsed = replay_batch(trace, controller, rows)
+            by_cat["overall"] = [sum(r.output_tokens for r in records), elapsed,
+                                 sum(r.steps for r in records)]
+        else:
+            for r in replay_trace(trace, controller):
+                for key in (r.workload, "overall"):
+                    by_cat[key][0] += r.output_tokens
+                    by_cat[key][1] += r.wall_seconds
+                    by_cat[key][2] += r.steps
+        out[spec] = {c: {"tokens_per_s": t / s, "tokens": t, "simulated_s": s,
+                         "mean_accepted_length": t / n} for c, (t, s, n) in by_cat.items()}
     plain = out.get("plain")
     if plain:
         for stats in out.values():

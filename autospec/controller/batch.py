@@ -37,7 +37,7 @@ MIN_BATCH_STEPS = 4.0  # (weighted) batch steps observed before the batch line i
 # the weight (in steps) of the priors where steps leave the plane open (BatchCost.line):
 # enough to settle it, little against the steps that measure it
 UNMEASURED_PRIOR = 0.05
-FEATURES = 5  # 1, B, P, drafted, B (W - 1) (_features)
+FEATURES = 5  # 1, B, P, drafted, B (W - 1) (step_features)
 # row-widths tried as a cap on every row's K where the padding has a price (batch_ks)
 WIDTH_CAPS = (1, 2, 4, 8, 16, 32)
 # batch steps without a drafted one after which a drafted step's jump is priced 0 again: the
@@ -179,7 +179,7 @@ class BatchCost:
                 width: int = 1) -> None:
         """One batch step over `positions`, its widest row `width` tokens wide (a row's record
         may report it with weight 1 / rows)."""
-        x = _features(rows, positions, width)
+        x = step_features(rows, positions, width)
         keep = self.forgetting ** weight
         xtx, xty = self._drafted if positions > rows else self._plain
         for i in range(FEATURES):
@@ -245,7 +245,7 @@ class BatchCost:
             base, slope = anchor
             w = self.anchor_weight
             for k in (0, 8):  # v(0) and v(8) of the single-row line, at B = 1, P = W = K + 1
-                x = _features(1, k + 1, k + 1)
+                x = step_features(1, k + 1, k + 1)
                 for i in range(FEATURES):
                     for j in range(FEATURES):
                         xtx[i][j] += w * x[i] * x[j]
@@ -259,7 +259,7 @@ class BatchCost:
         return fitted
 
 
-def _features(rows: int, positions: int, width: int = 1) -> tuple[float, ...]:
+def step_features(rows: int, positions: int, width: int = 1) -> tuple[float, ...]:
     """A step's regressors: 1, B, P, whether it drafted at all (P > B) and B (W - 1), the
     query positions the widest row (W tokens) pads the others to. On a CPU the first drafted
     token of a step costs more than the next ones (SmolLM2 at 16 rows: 16 plain tokens 193

@@ -212,3 +212,74 @@ PINNED_DIGESTS: dict[str, str] = {
 def test_replay_decisions_on_shipped_traces_are_pinned():
     assert SHIPPED_TRACES, "configs/traces/*.json not found"
     assert _replay_digests() == PINNED_DIGESTS
+
+
+def batch_trace(requests: int = 12, n: int = 120) -> Trace:
+    """Requests of unequal acceptance (0.2 .. 0.9) under a batch line where a drafted token
+    costs 2 ms against a plain row's 5.5 (4 rows)."""
+    traces = [geometric_trace(0.2 + 0.7 * i / (requests - 1), 0.0, n=n, seed=i)
+              for i in range(requests)]
+    reqs = [TraceRequest(f"r{i}", "synthetic", t.requests[0].prompt, t.requests[0].output,
+                         t.requests[0].match) for i, t in enumerate(traces)]
+    return Trace(8, traces[0].verify_seconds, {"synthetic": 0.0}, reqs,
+                 batch_line=[0.01, 0.001, 0.002, 0.001, 0.0002])
+
+
+def test_the_recorded_trace_keeps_its_batch_line(tiny_trace):
+    """record measures the target's forward over 16 and 8 rows: a wider step costs more."""
+    from autospec.bench.trace import trace_prices
+    assert tiny_trace.batch_line is not None and len(tiny_trace.batch_line) == 5
+    prices = trace_prices(tiny_trace, 16)
+    assert prices.step(16, 1) > prices.step(0)
+
+
+def test_replay_under_load_emits_every_output_and_hindsight_is_the_ceiling():
+    """Every request's whole output comes out under any controller, and the controller that
+    knows the outputs makes more tokens per simulated second than each fixed K and the
+    adaptive controller (fails if the hindsight drafted anything the target rejects, or if
+    the batch line were not charged per position)."""
+    from autospec.bench.trace import HindsightController, replay_batch
+    trace = batch_trace()
+    rates = {}
+    for name, controller in [("plain", StaticController(None, 0)),
+                             *[(f"static:{k}", StaticController("synthetic", k)) for k in (1, 2, 4, 8)],
+                             ("adaptive", AdaptiveController(ControllerSettings(
+                                 drafters=("synthetic",), counterfactual=False))),
+                             ("hindsight", HindsightController(trace))]:
+        records, elapsed = replay_batch(trace, controller, rows=4)
+        assert [r.output_tokens for r in records] == [len(r.output) for r in trace.requests]
+        if name == "hindsight":  # only kept tokens drafted
+            assert all(s.accepted == s.proposed for r in records for s in r.step_records)
+        rates[name] = sum(r.output_tokens for r in records) / elapsed
+    assert rates["static:8"] < rates["static:2"]  # drafted tokens have a price here
+    assert rates["hindsight"] > max(rate for name, rate in rates.items() if name != "hindsight")
+
+
+def test_replay_under_load_needs_a_batch_line(tmp_path):
+    from autospec.bench.trace import replay_batch
+    from clirun import error_line, invoke
+    trace = geometric_trace(0.5, 0.1, n=50)
+    with pytest.raises(ValueError, match="no batch line"):
+        replay_batch(trace, StaticController(None, 0), rows=4)
+    trace.save(tmp_path / "old.json")
+    assert "no batch line" in error_line(invoke(["replay", tmp_path / "old.json", "--rows", "4"]))
+    batch_trace().save(tmp_path / "t.json")
+    result = invoke(["replay", tmp_path / "t.json", "--rows", "4", "--controller", "plain",
+                     "--controller", "hindsight"])
+    assert result.exit_code == 0 and "| hindsight |" in result.output, result.output
+
+
+def test_a_drafter_that_proposes_nothing_costs_nothing_in_replay():
+    """A look-up drafter with no match proposes no tokens: the step verifies one token, as
+    live (fails if replay charged the K asked for rather than the tokens proposed)."""
+    from autospec.bench.trace import replay_batch
+    trace = batch_trace(requests=4, n=40)
+    for request in trace.requests:
+        request.proposed = {"synthetic": [0] * len(request.output)}
+    plain = replay(trace, StaticController(None, 0))
+    none = replay(trace, StaticController("synthetic", 4))
+    assert [r.wall_seconds for r in none] == [r.wall_seconds for r in plain]
+    steps = [s for r in none for s in r.step_records]
+    assert all(s.proposed == 0 for s in steps) and sum(s.k == 4 for s in steps) > len(steps) / 2
+    assert replay_batch(trace, StaticController("synthetic", 4), 4)[1] == pytest.approx(
+        replay_batch(trace, StaticController(None, 0), 4)[1])
