@@ -264,6 +264,32 @@ def test_rows_out_of_slot_order_and_with_gaps_read_the_cache_as_a_view(reference
         assert requests[i].output == plain[i]
 
 
+def test_a_few_rows_far_apart_are_gathered_not_filled(reference_pair):
+    """Where free slots outnumber the rows between them (a run's last requests), the forward
+    gathers the rows rather than computing a filler row per free slot (fails if the 2 rows
+    at slots 0 and 4 ran as a 5-row forward), each row's output still its plain decoding."""
+    prompts = [json.loads(line)["prompt"] for line in WORKLOAD.read_text().splitlines()[:5]]
+    plain = plain_outputs(reference_pair, [prompts[0], prompts[4]], 24)
+    engine = Engine(reference_pair, max_batch=5, max_len=1024)
+    requests = [engine.start(p, 24) for p in prompts]
+    for i in (1, 2, 3):
+        engine.abandon(requests[i])
+    bound = []
+    bind = engine.cache.bind
+
+    def spy(slots, n_tokens, limit):
+        out = bind(slots, n_tokens, limit)
+        bound.append((engine.cache.bound.first, len(slots)))
+        return out
+
+    engine.cache.bind = spy
+    rows = [requests[0], requests[4]]
+    while not all(r.done for r in rows):
+        engine.step_batch([(r, "ngram", 4) for r in rows if not r.done])
+    assert (None, 2) in bound and all(n <= 2 for _, n in bound)
+    assert [requests[0].output, requests[4].output] == plain
+
+
 def test_the_early_exit_drafts_its_rows_together_and_stays_lossless(tiny_pair):
     """The early exit batches its rows (Drafter.batch_drafting) as the draft model does: two
     early-exit rows beside a plain one, one drafting forward per position for both, each row
