@@ -297,40 +297,13 @@ class SimRequest:
 
 
 def replay(trace: Trace, controller: Controller, requests: list[TraceRequest] | None = None):
-    """Run `controller` over the trace; returns one RequestRecord per request (simulated
-    seconds).
+    """Run `controller` over the trace, one request at a time; returns one RequestRecord per
+    request (simulated seconds).
 
     The controller's decide/update are real, through the live loop's entry points (a batch
     of one: `decide_batch`, `update_batch`); each step is charged the recorded costs. The
-    loop itself is a simulator's (no model runs), so it is not `Engine.advance`.
-    """
-    records = []
-    verify = trace.verify_seconds
-    for req in requests or trace.requests:
-        sim = SimRequest(req.id, list(req.prompt), len(req.prompt), req.category)
-        steps = []
-        t = 0
-        n = len(req.output)
-        while t < n:
-            drafter, k = decide_batch(controller, [sim])[0]
-            k = max(0, min(k, trace.k_max, n - t - 1)) if drafter else 0
-            drafter = drafter if k else None
-            made = _proposal(req, drafter, k, t)
-            agree = min(req.match[drafter][t], made) if drafter else 0
-            emitted = req.output[t:t + agree + 1]
-            context = len(sim.tokens) - 1
-            sim.tokens.extend(emitted)
-            t += len(emitted)
-            if t >= n:
-                sim.finish_reason = "length"
-            draft_s = trace.draft_seconds_per_token.get(drafter, 0.0) * made if drafter else 0.0
-            record = StepRecord(req.id, len(steps), drafter or "none", k, made, agree,
-                                len(emitted), draft_s, verify[made], made + 1, context, 0, 0.0)
-            steps.append(record)
-            update_batch(controller, [record], [sim])
-        wall = sum(s.draft_seconds + s.verify_seconds for s in steps)
-        records.append(summarise(req.id, len(req.prompt), steps, wall, req.category))
-    return records
+    loop itself is a simulator's (no model runs), so it is not `Engine.advance`."""
+    return replay_batch(trace, controller, 1, requests)[0]
 
 
 def _proposal(recorded: TraceRequest, drafter: str | None, k: int, at: int) -> int:
@@ -355,9 +328,9 @@ def replay_batch(trace: Trace, controller: Controller, rows: int,
     ends), every step decided for all its rows at once (`decide_batch`) and charged the
     trace's batch line at its rows, positions and width, plus each row's drafting at the
     recorded seconds per token (a model drafter's rows as if each drafted alone: dearer than
-    the engine's one batched forward). (one RequestRecord per request in order, simulated
-    seconds of the whole run)."""
-    a, b, c, jump, width = _batch_line(trace)
+    the engine's one batched forward); a step of one row is charged the recorded forward at
+    its size. (one RequestRecord per request in order, simulated seconds of the whole run)."""
+    a, b, c, jump, width = _batch_line(trace) if rows > 1 else (0.0,) * 5
     queue = list(requests or trace.requests)
     active: list[_Client] = []
     done: dict[str, object] = {}
@@ -376,8 +349,11 @@ def replay_batch(trace: Trace, controller: Controller, rows: int,
         size = len(active)
         positions = size + sum(made for *_, made in plan)
         widest = 1 + max(made for *_, made in plan)
-        forward = (a + b * size + c * positions + (jump if positions > size else 0.0)
-                   + width * size * (widest - 1))
+        if size == 1:
+            forward = trace.verify_seconds[positions - 1]
+        else:
+            forward = (a + b * size + c * positions + (jump if positions > size else 0.0)
+                       + width * size * (widest - 1))
         drafting = [trace.draft_seconds_per_token.get(d, 0.0) * made if d else 0.0
                     for d, _, made in plan]
         step = forward + sum(drafting)

@@ -221,8 +221,10 @@ def batch_trace(requests: int = 12, n: int = 120) -> Trace:
               for i in range(requests)]
     reqs = [TraceRequest(f"r{i}", "synthetic", t.requests[0].prompt, t.requests[0].output,
                          t.requests[0].match) for i, t in enumerate(traces)]
-    return Trace(8, traces[0].verify_seconds, {"synthetic": 0.0}, reqs,
-                 batch_line=[0.01, 0.001, 0.002, 0.001, 0.0002])
+    line = [0.01, 0.001, 0.002, 0.001, 0.0002]
+    verify = [line[0] + line[1] + line[2] * (k + 1) + (line[3] if k else 0.0) + line[4] * k
+              for k in range(9)]  # a row alone: the same line at B = 1
+    return Trace(8, verify, {"synthetic": 0.0}, reqs, batch_line=line)
 
 
 def test_the_recorded_trace_keeps_its_batch_line(tiny_trace):
