@@ -1,13 +1,17 @@
-"""Engine.run: the loop over many requests (closed: N clients; open: requests sent at given
-times), each step one `Engine.advance` over the rows in flight. Written as a function over
-the engine (bound as its `run` method) so that loop.py holds the step and its parts."""
+"""The driving loop: Engine.advance, one step over the rows in flight (each controller's
+decision, one `step_batch`, every controller told), and Engine.run, the loop over many
+requests (closed: N clients; open: requests sent at given times), an `advance` a step.
+Written as functions over the engine (bound as its methods) so that loop.py holds the step
+and its parts."""
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from autospec.engine.request import Controller, Generation, Job, Request, StaticController
+from autospec.engine.request import (Controller, Generation, Job, Proposal, Request,
+                                     StaticController, decide_batch, update_batch)
 
 if TYPE_CHECKING:
     from autospec.engine.loop import Engine
@@ -72,3 +76,71 @@ def run_jobs(self: "Engine", jobs: Iterable[Job], controller: Controller | None 
         for request in active.values():
             self.abandon(request)
     return results
+
+
+def advance_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]]) -> list[list[int]]:
+    """One step of the loop: each controller decides for all its rows at once (a server's
+    rows may have different ones), one `step_batch`, every controller told its rows' steps,
+    the controllers' seconds shared among the rows. The tokens appended to each row (none
+    for a row still prefilling: a chunk of the first such row's prompt rides in the step's
+    forward, as many tokens as every controller's `chunk_budget` allows, up to
+    `prefill_chunk`; when no row is decoding yet, every prompt goes in whole: nobody waits)."""
+    waiting = [i for i, (request, _) in enumerate(rows) if self.unfilled(request)]
+    if waiting:
+        chunk = None
+        if len(waiting) < len(rows):
+            if self.packed:  # in the step's own forward (packed: no row padded to it)
+                chunk = (rows[waiting[0]][0], self.prefill_chunk)
+            else:
+                self.fill(rows[waiting[0]][0], self.prefill_chunk)
+        else:
+            for i in waiting:
+                self.fill(rows[i][0])
+        ready = [i for i, (request, _) in enumerate(rows) if not self.unfilled(request)]
+        emitted = self._decode([rows[i] for i in ready], chunk) if ready else []
+        out: list[list[int]] = [[] for _ in rows]
+        for i, tokens in zip(ready, emitted):
+            out[i] = tokens
+        return out
+    return self._decode(rows)
+
+def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
+                chunk: tuple[Request, int] | None = None) -> list[list[int]]:
+    """`advance`'s step over rows that all decode (and a prompt chunk riding along)."""
+    t0 = time.perf_counter()
+    groups: dict[int, tuple[Controller, list[int]]] = {}  # each controller's rows, in order
+    for i, (_, controller) in enumerate(rows):
+        groups.setdefault(id(controller), (controller, []))[1].append(i)
+    looked: dict[int, dict[str, Proposal]] = {}  # the controllers' look-ups, by slot
+    peek = functools.partial(self.peek, looked)
+    choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
+    if chunk is not None:  # what a controller with a step bound lets ride (chunk_budget)
+        budget = min([chunk[1]] + [controller.chunk_budget(len(rows), chunk[1])
+                                   for controller, _ in groups.values()
+                                   if hasattr(controller, "chunk_budget")])
+        chunk = (chunk[0], min(budget, self.unfilled(chunk[0])))
+    for controller, indices in groups.values():
+        getattr(controller, "attach", lambda models: None)(self.models)  # the pair it drives
+        decided = decide_batch(controller, [rows[i][0] for i in indices], peek,
+                               chunk[1] if chunk else 0)
+        for i, choice in zip(indices, decided):
+            choices[i] = choice
+    t1 = time.perf_counter()
+    emitted = self.step_batch([(request, *choice) for (request, _), choice in zip(rows, choices)],
+                              looked, chunk)
+    t2 = time.perf_counter()
+    records = [request.steps[-1] for request, _ in rows]
+    # the step's wall time outside its forward and drafting: what every row waited for
+    # besides those (a row's draft seconds include the look-ups made for it)
+    overhead = max(0.0, t2 - t0 - records[0].verify_seconds
+                   - min(record.draft_seconds for record in records))
+    for record in records:
+        record.overhead_seconds = overhead
+    for controller, indices in groups.values():
+        update_batch(controller, [records[i] for i in indices], [rows[i][0] for i in indices])
+    # less the drafters' look-ups the controllers made (charged as draft seconds)
+    lookups = sum(p.seconds for proposals in looked.values() for p in proposals.values())
+    share = ((t1 - t0) + (time.perf_counter() - t2) - lookups) / len(rows)
+    for record in records:
+        record.controller_seconds = share
+    return emitted

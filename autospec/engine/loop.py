@@ -10,10 +10,10 @@ times), a server's decode thread calls `advance` — the same step underneath. W
 and which k are *arguments* of the step; a Controller decides them between steps.
 
 Choices: a joining request is prefilled by forwards of its own (batch 1, into its row), and
-must fit it (prompt + max_new_tokens <= max_len). With `prefill_chunk` set, a prompt longer
-than that is prefilled one chunk per step while the other rows decode (chunked prefill: no
-step waits for a whole long prompt; the joining request's first token comes a step later per
-chunk), whole when no row is decoding. A model drafter (draft model, early exit,
+must fit it (prompt + max_new_tokens <= max_len). With `prefill_chunk` set, a prompt is
+prefilled a chunk per step inside the decode step's own forward (packed: the chunk attends on
+its own, no row is padded to it; its logits are not computed), whole when no row decodes.
+A model drafter (draft model, early exit,
 eagle) drafts all its rows in one forward per draft position (`Drafter.batch_drafting`);
 look-up drafters (n-gram, suffix) row by row. A StepRecord per row: verify_seconds is the
 step's verify phase (every row waited for it), batch_tokens the positions the forward
@@ -21,7 +21,6 @@ computed; a row is charged 1/B of the weights.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import time
 import uuid
@@ -32,9 +31,9 @@ import torch
 from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, create_drafter, drafter_class
 from autospec.drafters.draft_model import DraftRow
 from autospec.engine.accept import MAX_TOP_LOGPROBS, accept_rows, token_logprobs
-from autospec.engine.jobs import run_jobs
+from autospec.engine.jobs import advance_rows, decode_rows, run_jobs
 from autospec.engine.request import (Controller, Generation, Proposal, Request, Round,
-                                     StaticController, decide_batch, update_batch)
+                                     StaticController)
 from autospec.models.attention import pack_rows
 from autospec.models.kv import RowCache, cache_kwarg
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
@@ -179,9 +178,12 @@ class Engine:
 
     @torch.inference_mode()
     def step_batch(self, decisions: Sequence[tuple[Request, str | None, int]],
-                   looked: dict[int, dict[str, Proposal]] | None = None) -> list[list[int]]:
+                   looked: dict[int, dict[str, Proposal]] | None = None,
+                   chunk: tuple[Request, int] | None = None) -> list[list[int]]:
         """One speculative round for every (request, drafter, k) in one target forward, `looked`
-        the controllers' look-ups for it (`peek`), by slot: the tokens appended to each row."""
+        the controllers' look-ups for it (`peek`), by slot: the tokens appended to each row.
+        `chunk` (request, tokens): that many more of a joining request's prompt ride in the
+        same forward (chunked prefill, `advance`), its logits not computed."""
         slots = [request.slot for request, _, _ in decisions]
         if len(set(slots)) != len(slots) or None in slots:
             raise ValueError("step_batch needs distinct requests, each started on this engine")
@@ -191,7 +193,7 @@ class Engine:
             # rows in slot order: where they hold consecutive slots the forward reads a view of
             # the cache, not a gather of every layer's K and V (RowCache's Bound.first)
             order = sorted(range(len(slots)), key=slots.__getitem__)
-            emitted = self.step_batch([decisions[i] for i in order], looked)
+            emitted = self.step_batch([decisions[i] for i in order], looked, chunk)
             return [emitted[j] for j in sorted(range(len(order)), key=order.__getitem__)]
         # 1. propose: each row asks its own drafter for its own k (a model drafter's rows all
         # at once, one forward per draft position: _draft_batched)
@@ -202,7 +204,18 @@ class Engine:
 
         # 2. verify: one target forward over every row's [newest token] + draft, (n, T, V)
         inputs = [[rnd.request.tokens[-1], *rnd.draft_tokens] for rnd in rounds]
-        target_logits = self._forward(slots, inputs)
+        if chunk is None:
+            target_logits = self._forward(slots, inputs)
+        else:
+            filling, budget = chunk
+            start = self.cache.lengths[filling.slot]
+            end = min(filling.prompt_len - 1, start + budget)
+            at = next((i for i, slot in enumerate(slots) if slot > filling.slot), len(slots))
+            target_logits = self._forward(
+                slots[:at] + [filling.slot] + slots[at:],
+                inputs[:at] + [filling.tokens[start:end]] + inputs[at:],
+                scored=[True] * at + [False] + [True] * (len(slots) - at))
+            self.cache.lengths[filling.slot] = end
 
         # 3. accept: greedy rows together (one argmax, one kernel launch on CUDA), sampled
         # rows one by one, each with its own generator
@@ -224,6 +237,8 @@ class Engine:
         # the positions the forward computed: the real tokens packed, rows x width padded
         width = max(map(len, inputs))
         batch_tokens = sum(map(len, inputs)) if self.packed else width * len(inputs)
+        if chunk is not None:  # computed in the same forward, and paid by every row
+            batch_tokens += end - start
         for rnd, (n_accepted, _), tokens in zip(rounds, results, emitted):
             self.observe(rnd, n_accepted, tokens, verify_seconds, len(rounds), batch_tokens, width)
         return emitted
@@ -304,62 +319,16 @@ class Engine:
                                                                    draft, seconds, by_engine=True)
         return made
 
-    def _forward(self, slots: list[int], inputs: list[list[int]], last: int | None = None):
-        """Logits (n, T, V) of the rows' token lists, right-padded, each at its own offset."""
+    def _forward(self, slots: list[int], inputs: list[list[int]], last: int | None = None,
+                 scored: list[bool] | None = None):
+        """Logits (n, T, V) of the rows' token lists, right-padded, each at its own offset
+        (with `scored`, of those rows only)."""
         return self.cache.forward(self.models.target, self.kwarg, slots, inputs,
-                                  self.models.max_positions, last)
+                                  self.models.max_positions, last, scored)
 
-    # -- the driving loop -------------------------------------------------------------------
-    def advance(self, rows: Sequence[tuple[Request, Controller]]) -> list[list[int]]:
-        """One step of the loop: each controller decides for all its rows at once (a server's
-        rows may have different ones), one `step_batch`, every controller told its rows' steps,
-        the controllers' seconds shared among the rows. The tokens appended to each row (none
-        for a row still prefilling: one chunk of the first such row's prompt goes before the
-        step; when no row is decoding yet, every prompt goes in whole: nobody waits on them)."""
-        waiting = [i for i, (request, _) in enumerate(rows) if self.unfilled(request)]
-        if waiting:
-            if len(waiting) < len(rows):
-                self.fill(rows[waiting[0]][0], self.prefill_chunk)
-            else:
-                for i in waiting:
-                    self.fill(rows[i][0])
-            ready = [i for i, (request, _) in enumerate(rows) if not self.unfilled(request)]
-            emitted = self.advance([rows[i] for i in ready]) if ready else []
-            out: list[list[int]] = [[] for _ in rows]
-            for i, tokens in zip(ready, emitted):
-                out[i] = tokens
-            return out
-        t0 = time.perf_counter()
-        groups: dict[int, tuple[Controller, list[int]]] = {}  # each controller's rows, in order
-        for i, (_, controller) in enumerate(rows):
-            groups.setdefault(id(controller), (controller, []))[1].append(i)
-        looked: dict[int, dict[str, Proposal]] = {}  # the controllers' look-ups, by slot
-        peek = functools.partial(self.peek, looked)
-        choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
-        for controller, indices in groups.values():
-            getattr(controller, "attach", lambda models: None)(self.models)  # the pair it drives
-            decided = decide_batch(controller, [rows[i][0] for i in indices], peek)
-            for i, choice in zip(indices, decided):
-                choices[i] = choice
-        t1 = time.perf_counter()
-        emitted = self.step_batch([(request, *choice) for (request, _), choice in zip(rows, choices)],
-                                  looked)
-        t2 = time.perf_counter()
-        records = [request.steps[-1] for request, _ in rows]
-        # the step's wall time outside its forward and drafting: what every row waited for
-        # besides those (a row's draft seconds include the look-ups made for it)
-        overhead = max(0.0, t2 - t0 - records[0].verify_seconds
-                       - min(record.draft_seconds for record in records))
-        for record in records:
-            record.overhead_seconds = overhead
-        for controller, indices in groups.values():
-            update_batch(controller, [records[i] for i in indices], [rows[i][0] for i in indices])
-        # less the drafters' look-ups the controllers made (charged as draft seconds)
-        lookups = sum(p.seconds for proposals in looked.values() for p in proposals.values())
-        share = ((t1 - t0) + (time.perf_counter() - t2) - lookups) / len(rows)
-        for record in records:
-            record.controller_seconds = share
-        return emitted
+    # -- the driving loop: engine/jobs.py ----------------------------------------------------
+    advance = advance_rows  # one step over the rows in flight (a chunk of a joining prompt in it)
+    _decode = decode_rows
 
     def generate(self, prompt: str | list[int], *, drafter: str | None = "ngram", k: int = 4,
                  controller: Controller | None = None, max_new_tokens: int = 64,

@@ -33,10 +33,13 @@ Peek = Callable[["Request", str, int], "Draft | None"]
 
 
 def decide_batch(controller: Controller, requests: Sequence["Request"],
-                 peek: Peek | None = None) -> list[tuple[str | None, int]]:
+                 peek: Peek | None = None, chunk: int = 0) -> list[tuple[str | None, int]]:
     """A (drafter or None, k) per row: the controller's own batch decision when it has one
-    (`decide_batch`, e.g. a batch size -> K table), else row by row (`decide`)."""
+    (`decide_batch`, e.g. a batch size -> K table), else row by row (`decide`). `chunk`:
+    prompt tokens riding in the step, told to a controller that budgets them (`chunk_budget`)."""
     batch = getattr(controller, "decide_batch", None)
+    if batch and chunk and hasattr(controller, "chunk_budget"):
+        return batch(requests, peek, chunk)
     return batch(requests, peek) if batch else [controller.decide(r) for r in requests]
 
 

@@ -31,7 +31,11 @@ class Packing:
     waste much (`two_passes`: a few rows speculate, the rest decode plain), each row's first
     token in the packed
     sequence (`starts`) and the wide rows (`wide`) with their other tokens' places in the
-    packed sequence (`rest`) and in their own padded (n_wide * (T - 1)) layout (`rest_at`)."""
+    packed sequence (`rest`) and in their own padded (n_wide * (T - 1)) layout (`rest_at`).
+    A prompt chunk riding in a decode step (a row wider than SOLO_WIDTH beside others) attends
+    on its own (`solo`: row, first and end token in the packed sequence); the other rows, with
+    that row's first token only, as `inner` packs them (`inner_tokens`: their places in the
+    packed sequence)."""
     flat: torch.Tensor
     n: int
     width: int
@@ -39,14 +43,26 @@ class Packing:
     wide: torch.Tensor | None = None
     rest: torch.Tensor | None = None
     rest_at: torch.Tensor | None = None
+    solo: tuple[tuple[int, int, int], ...] = ()
+    inner: "Packing | None" = None
+    inner_tokens: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, counts: list[int], flat: torch.Tensor, device) -> "Packing":
+    def of(cls, counts: list[int], device) -> "Packing":
         n, width = len(counts), max(counts)
+        flat = torch.tensor([i * width + t for i, c in enumerate(counts) for t in range(c)],
+                            device=device)
+        offsets = list(itertools.accumulate(counts, initial=0))
+        solo = tuple((i, offsets[i], offsets[i + 1]) for i, c in enumerate(counts)
+                     if c > SOLO_WIDTH) if n > 1 else ()
+        if solo:
+            inner = [1 if c > SOLO_WIDTH else c for c in counts]
+            tokens = [offsets[i] + t for i, c in enumerate(inner) for t in range(c)]
+            return cls(flat, n, width, solo=solo, inner=cls.of(inner, device),
+                       inner_tokens=torch.tensor(tokens, device=device))
         wide = [i for i, c in enumerate(counts) if c > 1]
         if not two_passes(n, len(wide), width):
             return cls(flat, n, width)
-        offsets = list(itertools.accumulate(counts, initial=0))
         rest = [offsets[i] + t for i in wide for t in range(1, counts[i])]
         rest_at = [j * (width - 1) + t - 1 for j, i in enumerate(wide) for t in range(1, counts[i])]
         return cls(flat, n, width, *(torch.tensor(v, device=device)
@@ -66,32 +82,54 @@ def rows_attention(module, query, key, value, attention_mask, **kwargs):
         if 1 < n and width <= GROUPED_MAX_WIDTH and grouped:
             return grouped_attention(query, key, value, attention_mask, kwargs.get("scaling")), None
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
-    n, width, scaling = packed.n, packed.width, kwargs.get("scaling")
-    heads, dim = query.shape[1], query.shape[3]
     tokens = query[0].transpose(0, 1)  # (N, H, D)
+    if not packed.solo:
+        return _packed_attention(packed, module, tokens, key, value, attention_mask, grouped,
+                                 kwargs)[None], None
+    # a prompt chunk beside decoding rows: the rows (the chunk's first token among them) as
+    # any packed step, then each chunk by sdpa over its own row — no row padded to the chunk
+    out = query.new_empty(tokens.shape)
+    inner = packed.inner
+    out[packed.inner_tokens] = _packed_attention(inner, module, tokens[packed.inner_tokens],
+                                                 key, value, attention_mask[:, :, :inner.width],
+                                                 grouped, kwargs)
+    for row, start, stop in packed.solo:
+        chunk = tokens[start:stop].transpose(0, 1)[None]  # (1, H, c, D)
+        attended, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](
+            module, chunk, key[row:row + 1], value[row:row + 1],
+            attention_mask[row:row + 1, :, :stop - start], **kwargs)
+        out[start:stop] = attended[0]
+    return out[None], None
+
+
+def _packed_attention(packed: Packing, module, tokens, key, value, attention_mask, grouped: bool,
+                      kwargs) -> torch.Tensor:
+    """The rows' real tokens (N, H, D) attended, each row against its own cache, (N, H, D)."""
+    n, width, scaling = packed.n, packed.width, kwargs.get("scaling")
+    heads, dim = tokens.shape[1], tokens.shape[2]
     if packed.wide is None or not grouped:  # every row padded to the widest
-        rows = query.new_zeros((n * width, heads, dim))
+        rows = tokens.new_zeros((n * width, heads, dim))
         rows[packed.flat] = tokens
         rows = rows.view(n, width, heads, dim).transpose(1, 2)
         if grouped:
             out = grouped_attention(rows, key, value, attention_mask, scaling)
         else:
             out, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, rows, key, value, attention_mask, **kwargs)
-        return out.reshape(n * width, heads, dim)[packed.flat][None], None
+        return out.reshape(n * width, heads, dim)[packed.flat]
     # a few wide rows: every row's first token in one pass over all rows (the cache read as
     # it is), the wide rows' other tokens in a second over their K and V only — no row
     # computes attention for another row's width
-    out = query.new_empty(tokens.shape)
+    out = tokens.new_empty(tokens.shape)
     first = tokens[packed.starts].unsqueeze(2)  # (n, H, 1, D)
     out[packed.starts] = grouped_attention(first, key, value, attention_mask[:, :, :1], scaling)[:, 0]
     wide = len(packed.wide)  # >= 1: rows of one width are not packed
-    rows = query.new_zeros((wide * (width - 1), heads, dim))
+    rows = tokens.new_zeros((wide * (width - 1), heads, dim))
     rows[packed.rest_at] = tokens[packed.rest]
     rows = rows.view(wide, width - 1, heads, dim).transpose(1, 2)
     attended = grouped_attention(rows, key[packed.wide], value[packed.wide],
                                  attention_mask[packed.wide, :, 1:], scaling)
     out[packed.rest] = attended.reshape(wide * (width - 1), heads, dim)[packed.rest_at]
-    return out[None], None
+    return out
 
 
 def two_passes(rows: int, wide: int, width: int) -> bool:
@@ -107,6 +145,9 @@ def two_passes(rows: int, wide: int, width: int) -> bool:
 
 
 TWO_PASS_SAVING = 20  # padded query positions saved per wide row (two_passes)
+# A packed row wider than a verify row at the default k_max (16 + 1) beside other rows is a
+# prompt chunk riding in a decode step (Engine.advance): it attends on its own (Packing.solo)
+SOLO_WIDTH = 17
 
 # Query positions per row up to which rows attend by grouped_attention (a verify feeds k + 1
 # <= 17); a longer query (a prefill) attends by sdpa, which never holds a (T, span) score matrix.

@@ -23,6 +23,7 @@ over used ones, and on a CPU it is not free.
 from __future__ import annotations
 
 import functools
+import itertools
 import inspect
 from dataclasses import dataclass
 from typing import Sequence
@@ -241,12 +242,14 @@ class RowCache(Cache):
         return position_ids.to(self.device), mask[:, None].to(self.device)
 
     def forward(self, model, kwarg: str, slots: Sequence[int], inputs: Sequence[list[int]],
-                position_limit: int, last: int | None = None, **extra) -> torch.Tensor:
+                position_limit: int, last: int | None = None, scored: Sequence[bool] | None = None,
+                **extra) -> torch.Tensor:
         """Logits (n, T, V) of the rows' token lists, right-padded, each written at its row's
         own offset; rows fed in slot order read the store as a view. Packed, the logits are a
         view valid until the next packed forward. The rows' lengths are the caller's to advance
         (a verify keeps only the accepted part). `last` and `extra` (logits_to_keep) as
-        cached_forward takes them."""
+        cached_forward takes them. `scored`: which rows' logits the caller reads (a prompt
+        chunk's are not: Engine.advance); the logits are then those rows' only, in order."""
         first, n = slots[0], len(slots)
         gaps = slots[-1] - first + 1 - n
         if sorted(slots) == list(slots) and 0 < gaps <= n:
@@ -260,12 +263,14 @@ class RowCache(Cache):
             # a 16-slot span, 3 rows took 97 ms with fillers and 45 gathered on SmolLM2,
             # 13.6 and 7.6 on the reference pair; 8 rows 100 / 84 and 13.4 / 14.0
             given = dict(zip(slots, inputs))
+            wanted = dict(zip(slots, scored if scored is not None else [True] * n))
             full = list(range(first, slots[-1] + 1))
-            logits = self.forward(model, kwarg, full, [given.get(s, [0]) for s in full],
-                                  position_limit, last, **extra)
-            return logits[[s - first for s in slots]]
+            return self.forward(model, kwarg, full, [given.get(s, [0]) for s in full],
+                                position_limit, last, [wanted.get(s, False) for s in full],
+                                **extra)
         counts = [len(ids) for ids in inputs]
         width = max(counts)
+        keep = [i for i in range(n) if scored is None or scored[i]]
         # rows of unequal widths, every position scored: packed, where the model's attention
         # unpacks (a forward that keeps some positions' logits only stays padded)
         packed = last is None and not extra and min(counts) < width and packs(model)
@@ -275,8 +280,13 @@ class RowCache(Cache):
             bound.packed = True
             input_ids = torch.tensor([[t for ids in inputs for t in ids]], device=self.device)
             position_ids = position_ids[bound.valid][None]
-            flat = bound.valid.flatten().nonzero().squeeze(1)
-            token = _PACKED.set(Packing.of(counts, flat, self.device))
+            token = _PACKED.set(Packing.of(counts, self.device))
+            offsets = list(itertools.accumulate(counts, initial=0))
+            positions = [p for i in keep for p in range(offsets[i], offsets[i + 1])]
+            if len(keep) < n and keeps_logits(type(model)):
+                # the head over the scored rows' positions only (a chunk's 64 positions
+                # through SmolLM2's 49k-word head would cost a third of a 16-row step)
+                extra = {"logits_to_keep": torch.tensor(positions, device=self.device)}
         else:
             input_ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in inputs],
                                      device=self.device)
@@ -294,11 +304,17 @@ class RowCache(Cache):
             if packed:
                 _PACKED.reset(token)
         if not packed:
-            return logits
+            return logits if len(keep) == n else logits[keep]
         # back to (n, T, V), right-padded (the padding's logits are never read), into one buffer
         # reused from forward to forward: valid until this cache's next packed forward. A fresh
         # one (16 rows, one 17 wide, SmolLM2's 49k vocabulary: 53 MB) cost 10 ms a step in
         # page faults
+        if len(keep) < n and "logits_to_keep" not in extra:
+            logits = logits[:, positions]
+        kept = [counts[i] for i in keep]
+        n, width = len(kept), max(kept)
+        flat = torch.tensor([i * width + t for i, c in enumerate(kept) for t in range(c)],
+                            device=self.device)
         size, vocab = n * width, logits.shape[-1]
         if self._unpacked is None or len(self._unpacked) < size or self._unpacked.shape[1] != vocab:
             self._unpacked = logits.new_empty((size, vocab))

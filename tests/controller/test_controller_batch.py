@@ -309,6 +309,24 @@ def test_a_step_cap_bounds_the_controller_s_k_at_batch_1():
         assert max(ks[10:]) == k_bound, (cap, ks)  # once the verify line is measured
 
 
+def test_under_a_step_cap_a_prompt_chunk_takes_the_room_above_a_plain_step():
+    """chunk_budget: the prompt tokens that fit between a plain step and the cap at the step's
+    per-token price (here 10 ms + 0.1 ms a token, cap 1.25: 25 tokens); told the chunk rides,
+    the decision leaves it that room (the rows decode plain here); no cap, no bound."""
+    period = list(range(100, 140))
+    controller = AdaptiveController(ControllerSettings(drafters=("ngram",), step_cap=1.25))
+    request = SimRequest("r", period * 3, 120, "copy")
+    for step in range(40):
+        drafter, k = controller.decide(request)
+        controller.update(StepRecord("r", step, drafter or "none", k, k, k, k + 1, 0.0,
+                                     0.010 + 0.0001 * k, k + 1, 100, 0, 0.0), request)
+    assert controller.chunk_budget(1, 64) in (24, 25)
+    assert controller.chunk_budget(1, 16) == 16
+    assert controller.decide_batch([request])[0][1] >= 8
+    assert controller.decide_batch([request], chunk=25) == [(None, 0)]
+    assert AdaptiveController(ControllerSettings(drafters=("ngram",))).chunk_budget(1, 64) == 64
+
+
 def test_a_step_cap_below_a_plain_step_is_refused():
     with pytest.raises(ValueError, match="step_cap"):
         ControllerSettings(step_cap=0.5)

@@ -349,13 +349,37 @@ def test_chunked_prefill_interleaves_with_decoding_and_changes_no_token(referenc
     assert engine.advance([(first, ngram)])[0]  # no row decoding: all at once, then a step
     joiner = engine.start(prompts[1], 24)
     chunks = -(-(joiner.prompt_len - 1) // 16)
-    for _ in range(chunks - 1):  # one chunk a step while the other row decodes
+    for _ in range(chunks):  # one chunk a step, in the forward of the other row's step
         emitted = engine.advance([(first, ngram), (joiner, ngram)])
         assert emitted[0] and not emitted[1]
-    emitted = engine.advance([(first, ngram), (joiner, ngram)])  # its last chunk, then a step
-    assert emitted[0] and emitted[1] and engine.unfilled(joiner) == 0
+    assert engine.unfilled(joiner) == 0
+    emitted = engine.advance([(first, ngram), (joiner, ngram)])  # then it decodes too
+    assert emitted[0] and emitted[1]
     while not (first.done and joiner.done):
         engine.advance([(r, ngram) for r in (first, joiner) if not r.done])
     assert [engine.finish(r).token_ids for r in (first, joiner)] == want
     with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
         Engine(reference_pair, prefill_chunk=0)
+
+
+
+def test_a_prompt_chunk_rides_in_the_forward_of_the_rows_between_which_it_sits(reference_pair):
+    """A joining prompt in the middle slot, 40 tokens a step (wider than any verify row: it
+    attends on its own) inside the forward of the two rows around it, which speculate: every
+    output equals its own plain generation, and the rows' steps meanwhile computed the chunk."""
+    prompts = [json.loads(line)["prompt"] for line in WORKLOAD.read_text().splitlines()[:3]]
+    plain = Engine(reference_pair)
+    want = [plain.generate(p, drafter=None, max_new_tokens=24).token_ids for p in prompts]
+    engine = Engine(reference_pair, max_batch=3, prefill_chunk=40)
+    ngram = StaticController("ngram", 4)
+    a, gone, c = (engine.start(p, 24) for p in prompts)
+    engine.advance([(r, ngram) for r in (a, gone, c)])  # nobody decoding: all whole
+    engine.abandon(gone)
+    joiner = engine.start(prompts[1], 24)
+    assert joiner.slot == 1 and engine.unfilled(joiner) > 40
+    emitted = engine.advance([(a, ngram), (joiner, ngram), (c, ngram)])
+    assert emitted[0] and not emitted[1] and emitted[2]
+    assert a.steps[-1].batch_tokens >= 40 + 2  # the chunk and the two rows, one forward
+    while not all(r.done for r in (a, joiner, c)):
+        engine.advance([(r, ngram) for r in (a, joiner, c) if not r.done])
+    assert [engine.finish(r).token_ids for r in (a, joiner, c)] == want

@@ -41,9 +41,9 @@ def test_packed_rows_give_the_padded_forwards_logits_from_their_real_tokens_only
     # both routes of a packed forward: WIDTHS (3 of 4 rows wide) one padded pass; the second
     # forward (1 of 4 wide, padding 3 x 10 positions) every row's first token, then the wide
     # row's others apart
-    assert Packing.of([3, 1, 5, 2], torch.arange(11), "cpu").wide is None
-    assert Packing.of([1, 11, 1, 1], torch.arange(14), "cpu").wide.tolist() == [1]
-    assert Packing.of([1, 2, 1, 1], torch.arange(5), "cpu").wide is None  # saves 3 positions
+    assert Packing.of([3, 1, 5, 2], "cpu").wide is None
+    assert Packing.of([1, 11, 1, 1], "cpu").wide.tolist() == [1]
+    assert Packing.of([1, 2, 1, 1], "cpu").wide is None  # saves 3 positions
     padded, padded_inputs = _rows(model, packed=False)
     packed, packed_inputs = _rows(model, packed=True)
     assert padded_inputs == [(4, 5), (4, 11)]
