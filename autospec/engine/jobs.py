@@ -81,32 +81,35 @@ def run_jobs(self: "Engine", jobs: Iterable[Job], controller: Controller | None 
 def advance_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]]) -> list[list[int]]:
     """One step of the loop: each controller decides for all its rows at once (a server's
     rows may have different ones), one `step_batch`, every controller told its rows' steps,
-    the controllers' seconds shared among the rows. The tokens appended to each row (none
-    for a row still prefilling: a chunk of the first such row's prompt rides in the step's
-    forward, as many tokens as every controller's `chunk_budget` allows, up to
-    `prefill_chunk`; when no row is decoding yet, every prompt goes in whole: nobody waits)."""
+    the controllers' seconds shared among the rows. The tokens appended to each row. A row
+    still prefilling emits none while a chunk of its prompt rides in the step's forward (the
+    first such row: as many tokens as every controller's `chunk_budget` allows, up to
+    `prefill_chunk`); the step in which the rest of its prompt fits, it decodes plain after
+    it, in the same forward. When no row is decoding yet, every prompt goes in whole."""
     waiting = [i for i, (request, _) in enumerate(rows) if self.unfilled(request)]
-    if waiting:
-        chunk = None
-        if len(waiting) < len(rows):
-            if self.packed:  # in the step's own forward (packed: no row padded to it)
-                chunk = (rows[waiting[0]][0], self.prefill_chunk)
-            else:
-                self.fill(rows[waiting[0]][0], self.prefill_chunk)
-        else:
-            for i in waiting:
-                self.fill(rows[i][0])
-        ready = [i for i, (request, _) in enumerate(rows) if not self.unfilled(request)]
-        emitted = self._decode([rows[i] for i in ready], chunk) if ready else []
-        out: list[list[int]] = [[] for _ in rows]
-        for i, tokens in zip(ready, emitted):
-            out[i] = tokens
-        return out
-    return self._decode(rows)
+    if not waiting:
+        return self._decode(rows)
+    joining = None
+    if len(waiting) == len(rows):
+        for i in waiting:
+            self.fill(rows[i][0])
+    elif self.packed:  # in the step's own forward (packed: no row padded to it)
+        joining = rows[waiting[0]][0]
+    else:
+        self.fill(rows[waiting[0]][0], self.prefill_chunk)
+    ready = [i for i, (request, _) in enumerate(rows) if not self.unfilled(request)]
+    emitted = self._decode([rows[i] for i in ready], joining)
+    out: list[list[int]] = [[] for _ in rows]
+    for i, tokens in zip(ready + [waiting[0]], emitted):
+        out[i] = tokens
+    return out
+
 
 def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
-                chunk: tuple[Request, int] | None = None) -> list[list[int]]:
-    """`advance`'s step over rows that all decode (and a prompt chunk riding along)."""
+                joining: Request | None = None) -> list[list[int]]:
+    """`advance`'s step over rows that all decode, and a chunk of `joining`'s prompt riding
+    along — or, where the rest of it fits the chunk, `joining` decoding plain after it (its
+    tokens then last in the list returned)."""
     t0 = time.perf_counter()
     groups: dict[int, tuple[Controller, list[int]]] = {}  # each controller's rows, in order
     for i, (_, controller) in enumerate(rows):
@@ -114,22 +117,28 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
     looked: dict[int, dict[str, Proposal]] = {}  # the controllers' look-ups, by slot
     peek = functools.partial(self.peek, looked)
     choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
-    if chunk is not None:  # what a controller with a step bound lets ride (chunk_budget)
-        budget = min([chunk[1]] + [controller.chunk_budget(len(rows), chunk[1])
-                                   for controller, _ in groups.values()
-                                   if hasattr(controller, "chunk_budget")])
-        chunk = (chunk[0], min(budget, self.unfilled(chunk[0])))
+    chunk, budget = None, 0
+    if joining is not None:  # what a controller with a step bound lets ride (chunk_budget)
+        budget = min([self.prefill_chunk] + [
+            controller.chunk_budget(len(rows), self.prefill_chunk)
+            for controller, _ in groups.values() if hasattr(controller, "chunk_budget")])
+        budget = min(budget, self.unfilled(joining))
+        if budget < self.unfilled(joining):
+            chunk = (joining, budget)
     for controller, indices in groups.values():
         getattr(controller, "attach", lambda models: None)(self.models)  # the pair it drives
-        decided = decide_batch(controller, [rows[i][0] for i in indices], peek,
-                               chunk[1] if chunk else 0)
+        decided = decide_batch(controller, [rows[i][0] for i in indices], peek, budget)
         for i, choice in zip(indices, decided):
             choices[i] = choice
     t1 = time.perf_counter()
-    emitted = self.step_batch([(request, *choice) for (request, _), choice in zip(rows, choices)],
-                              looked, chunk)
+    decisions = [(request, *choice) for (request, _), choice in zip(rows, choices)]
+    if joining is not None and chunk is None:
+        decisions.append((joining, None, 0))
+    emitted = self.step_batch(decisions, looked, chunk) if decisions else []
     t2 = time.perf_counter()
-    records = [request.steps[-1] for request, _ in rows]
+    records = [request.steps[-1] for request, _, _ in decisions]
+    if not records:
+        return emitted
     # the step's wall time outside its forward and drafting: what every row waited for
     # besides those (a row's draft seconds include the look-ups made for it)
     overhead = max(0.0, t2 - t0 - records[0].verify_seconds
@@ -140,7 +149,7 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
         update_batch(controller, [records[i] for i in indices], [rows[i][0] for i in indices])
     # less the drafters' look-ups the controllers made (charged as draft seconds)
     lookups = sum(p.seconds for proposals in looked.values() for p in proposals.values())
-    share = ((t1 - t0) + (time.perf_counter() - t2) - lookups) / len(rows)
+    share = ((t1 - t0) + (time.perf_counter() - t2) - lookups) / len(records)
     for record in records:
         record.controller_seconds = share
     return emitted

@@ -187,8 +187,9 @@ class Engine:
         slots = [request.slot for request, _, _ in decisions]
         if len(set(slots)) != len(slots) or None in slots:
             raise ValueError("step_batch needs distinct requests, each started on this engine")
-        if any(self.unfilled(request) for request, _, _ in decisions):
-            raise ValueError("a row is still prefilling (prefill_chunk): advance fills it")
+        if any(self.unfilled(request) and k for request, _, k in decisions):
+            raise ValueError("a row still prefilling decodes plain (k = 0) in the step that "
+                             "completes its prompt")
         if slots != sorted(slots):
             # rows in slot order: where they hold consecutive slots the forward reads a view of
             # the cache, not a gather of every layer's K and V (RowCache's Bound.first)
@@ -203,19 +204,22 @@ class Engine:
         t1 = time.perf_counter()
 
         # 2. verify: one target forward over every row's [newest token] + draft, (n, T, V)
-        inputs = [[rnd.request.tokens[-1], *rnd.draft_tokens] for rnd in rounds]
-        if chunk is None:
-            target_logits = self._forward(slots, inputs)
-        else:
+        # (a row whose prompt is not all in its row yet feeds the rest of it first)
+        inputs = [rnd.request.tokens[self.cache.lengths[rnd.request.slot]:-1]
+                  + [rnd.request.tokens[-1], *rnd.draft_tokens] for rnd in rounds]
+        scored = [len(rnd.draft_tokens) + 1 for rnd in rounds]
+        filled = 0
+        if chunk is not None:  # a chunk of a joining prompt: one more row, nothing scored
             filling, budget = chunk
             start = self.cache.lengths[filling.slot]
-            end = min(filling.prompt_len - 1, start + budget)
+            filled = min(filling.prompt_len - 1, start + budget) - start
             at = next((i for i, slot in enumerate(slots) if slot > filling.slot), len(slots))
-            target_logits = self._forward(
-                slots[:at] + [filling.slot] + slots[at:],
-                inputs[:at] + [filling.tokens[start:end]] + inputs[at:],
-                scored=[True] * at + [False] + [True] * (len(slots) - at))
-            self.cache.lengths[filling.slot] = end
+            slots = slots[:at] + [filling.slot] + slots[at:]
+            inputs = inputs[:at] + [filling.tokens[start:start + filled]] + inputs[at:]
+            scored = scored[:at] + [0] + scored[at:]
+        target_logits = self._forward(slots, inputs, scored=scored)
+        if chunk is not None:
+            self.cache.lengths[filling.slot] = start + filled
 
         # 3. accept: greedy rows together (one argmax, one kernel launch on CUDA), sampled
         # rows one by one, each with its own generator
@@ -235,10 +239,9 @@ class Engine:
         # 5. record telemetry, tell the drafters
         verify_seconds = time.perf_counter() - t1
         # the positions the forward computed: the real tokens packed, rows x width padded
-        width = max(map(len, inputs))
+        # (a prompt's tokens in the forward count: every row waited for them)
+        width = max(scored)
         batch_tokens = sum(map(len, inputs)) if self.packed else width * len(inputs)
-        if chunk is not None:  # computed in the same forward, and paid by every row
-            batch_tokens += end - start
         for rnd, (n_accepted, _), tokens in zip(rounds, results, emitted):
             self.observe(rnd, n_accepted, tokens, verify_seconds, len(rounds), batch_tokens, width)
         return emitted

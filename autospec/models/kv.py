@@ -242,14 +242,16 @@ class RowCache(Cache):
         return position_ids.to(self.device), mask[:, None].to(self.device)
 
     def forward(self, model, kwarg: str, slots: Sequence[int], inputs: Sequence[list[int]],
-                position_limit: int, last: int | None = None, scored: Sequence[bool] | None = None,
+                position_limit: int, last: int | None = None, scored: Sequence[int] | None = None,
                 **extra) -> torch.Tensor:
         """Logits (n, T, V) of the rows' token lists, right-padded, each written at its row's
         own offset; rows fed in slot order read the store as a view. Packed, the logits are a
         view valid until the next packed forward. The rows' lengths are the caller's to advance
         (a verify keeps only the accepted part). `last` and `extra` (logits_to_keep) as
-        cached_forward takes them. `scored`: which rows' logits the caller reads (a prompt
-        chunk's are not: Engine.advance); the logits are then those rows' only, in order."""
+        cached_forward takes them. `scored`: per row, how many of its last positions the
+        caller reads (0 for a prompt chunk, 1 + k for a verify after the rest of a prompt:
+        Engine.step_batch); the logits are then those rows' only, in order, each from its
+        first scored position."""
         first, n = slots[0], len(slots)
         gaps = slots[-1] - first + 1 - n
         if sorted(slots) == list(slots) and 0 < gaps <= n:
@@ -263,17 +265,21 @@ class RowCache(Cache):
             # a 16-slot span, 3 rows took 97 ms with fillers and 45 gathered on SmolLM2,
             # 13.6 and 7.6 on the reference pair; 8 rows 100 / 84 and 13.4 / 14.0
             given = dict(zip(slots, inputs))
-            wanted = dict(zip(slots, scored if scored is not None else [True] * n))
+            wanted = dict(zip(slots, scored if scored is not None else map(len, inputs)))
             full = list(range(first, slots[-1] + 1))
             return self.forward(model, kwarg, full, [given.get(s, [0]) for s in full],
-                                position_limit, last, [wanted.get(s, False) for s in full],
-                                **extra)
+                                position_limit, last, [wanted.get(s, 0) for s in full], **extra)
         counts = [len(ids) for ids in inputs]
         width = max(counts)
-        keep = [i for i in range(n) if scored is None or scored[i]]
-        # rows of unequal widths, every position scored: packed, where the model's attention
-        # unpacks (a forward that keeps some positions' logits only stays padded)
-        packed = last is None and not extra and min(counts) < width and packs(model)
+        scored = counts if scored is None else list(scored)
+        keep = [i for i in range(n) if scored[i]]
+        partial = scored != counts
+        whole = all(k in (0, c) for k, c in zip(scored, counts))  # rows scored all or not at all
+        # rows of unequal widths, or a row scored in part: packed, where the model's attention
+        # unpacks (a forward given `last` or logits_to_keep stays padded)
+        packed = last is None and not extra and (min(counts) < width or not whole) and packs(model)
+        if not (whole or packed):
+            raise ValueError("a row scored in part needs a packing model (rows attention)")
         position_ids, mask = self.bind(slots, counts, position_limit)
         bound = self.bound
         if packed:
@@ -282,8 +288,8 @@ class RowCache(Cache):
             position_ids = position_ids[bound.valid][None]
             token = _PACKED.set(Packing.of(counts, self.device))
             offsets = list(itertools.accumulate(counts, initial=0))
-            positions = [p for i in keep for p in range(offsets[i], offsets[i + 1])]
-            if len(keep) < n and keeps_logits(type(model)):
+            positions = [p for i in keep for p in range(offsets[i + 1] - scored[i], offsets[i + 1])]
+            if partial and keeps_logits(type(model)):
                 # the head over the scored rows' positions only (a chunk's 64 positions
                 # through SmolLM2's 49k-word head would cost a third of a 16-row step)
                 extra = {"logits_to_keep": torch.tensor(positions, device=self.device)}
@@ -304,14 +310,14 @@ class RowCache(Cache):
             if packed:
                 _PACKED.reset(token)
         if not packed:
-            return logits if len(keep) == n else logits[keep]
+            return logits[keep] if partial else logits
         # back to (n, T, V), right-padded (the padding's logits are never read), into one buffer
         # reused from forward to forward: valid until this cache's next packed forward. A fresh
         # one (16 rows, one 17 wide, SmolLM2's 49k vocabulary: 53 MB) cost 10 ms a step in
         # page faults
-        if len(keep) < n and "logits_to_keep" not in extra:
+        if partial and "logits_to_keep" not in extra:
             logits = logits[:, positions]
-        kept = [counts[i] for i in keep]
+        kept = [scored[i] for i in keep]
         n, width = len(kept), max(kept)
         flat = torch.tensor([i * width + t for i, c in enumerate(kept) for t in range(c)],
                             device=self.device)

@@ -86,10 +86,11 @@ def clock(monkeypatch):
     """The engine's clock, made a FakeClock; a drafter's proposal
     costs DRAFT_S on it and a target forward (prefill, verify) VERIFY_S, and nothing else
     costs anything. (Request.started keeps the real clock: wall_seconds is not looked at.)"""
-    from autospec.engine import loop
+    from autospec.engine import jobs, loop
 
     fake = FakeClock()
     monkeypatch.setattr(loop, "time", fake)
+    monkeypatch.setattr(jobs, "time", fake)  # Engine.advance's clock
     forward = loop.Engine._forward  # the target's forward: prefill and verify
 
     def costly_forward(*args, **kwargs):
