@@ -323,9 +323,9 @@ class Engine:
         return made
 
     def _forward(self, slots: list[int], inputs: list[list[int]], last: int | None = None,
-                 scored: list[bool] | None = None):
+                 scored: list[int] | None = None):
         """Logits (n, T, V) of the rows' token lists, right-padded, each at its own offset
-        (with `scored`, of those rows only)."""
+        (with `scored`, the rows' last positions that many, RowCache.forward)."""
         return self.cache.forward(self.models.target, self.kwarg, slots, inputs,
                                   self.models.max_positions, last, scored)
 

@@ -286,7 +286,8 @@ class RowCache(Cache):
             bound.packed = True
             input_ids = torch.tensor([[t for ids in inputs for t in ids]], device=self.device)
             position_ids = position_ids[bound.valid][None]
-            token = _PACKED.set(Packing.of(counts, self.device))
+            packing = Packing.of(counts, self.device)
+            token = _PACKED.set(packing)
             offsets = list(itertools.accumulate(counts, initial=0))
             positions = [p for i in keep for p in range(offsets[i + 1] - scored[i], offsets[i + 1])]
             if partial and keeps_logits(type(model)):
@@ -319,8 +320,8 @@ class RowCache(Cache):
             logits = logits[:, positions]
         kept = [scored[i] for i in keep]
         n, width = len(kept), max(kept)
-        flat = torch.tensor([i * width + t for i, c in enumerate(kept) for t in range(c)],
-                            device=self.device)
+        flat = packing.flat if not partial else torch.tensor(
+            [i * width + t for i, c in enumerate(kept) for t in range(c)], device=self.device)
         size, vocab = n * width, logits.shape[-1]
         if self._unpacked is None or len(self._unpacked) < size or self._unpacked.shape[1] != vocab:
             self._unpacked = logits.new_empty((size, vocab))
