@@ -288,8 +288,9 @@ class RowCache(Cache):
             position_ids = position_ids[bound.valid][None]
             packing = Packing.of(counts, self.device)
             token = _PACKED.set(packing)
-            offsets = list(itertools.accumulate(counts, initial=0))
-            positions = [p for i in keep for p in range(offsets[i + 1] - scored[i], offsets[i + 1])]
+            if partial:  # the scored positions in the packed sequence
+                ends = list(itertools.accumulate(counts))
+                positions = [p for i in keep for p in range(ends[i] - scored[i], ends[i])]
             if partial and keeps_logits(type(model)):
                 # the head over the scored rows' positions only (a chunk's 64 positions
                 # through SmolLM2's 49k-word head would cost a third of a 16-row step)
