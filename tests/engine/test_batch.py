@@ -356,7 +356,9 @@ def test_chunked_prefill_interleaves_with_decoding_and_changes_no_token(referenc
     assert emitted[0] and emitted[1] and engine.unfilled(joiner) == 0  # first token: 1 forward
     while not (first.done and joiner.done):
         engine.advance([(r, ngram) for r in (first, joiner) if not r.done])
-    assert [engine.finish(r).token_ids for r in (first, joiner)] == want
+    got = [engine.finish(r).token_ids for r in (first, joiner)]
+    for _, _, margin in divergences(reference_pair, prompts, got, want):
+        assert margin < NEAR_TIE  # trained weights: the near-tie rule
     with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
         Engine(reference_pair, prefill_chunk=0)
 
@@ -381,4 +383,6 @@ def test_a_prompt_chunk_rides_in_the_forward_of_the_rows_between_which_it_sits(r
     assert a.steps[-1].batch_tokens >= 40 + 2  # the chunk and the two rows, one forward
     while not all(r.done for r in (a, joiner, c)):
         engine.advance([(r, ngram) for r in (a, joiner, c) if not r.done])
-    assert [engine.finish(r).token_ids for r in (a, joiner, c)] == want
+    got = [engine.finish(r).token_ids for r in (a, joiner, c)]
+    for _, _, margin in divergences(reference_pair, prompts, got, want):
+        assert margin < NEAR_TIE  # trained weights: the near-tie rule
