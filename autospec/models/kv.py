@@ -89,7 +89,7 @@ class Bound:
         """(B_max, H, L_max, D) -> the forward's rows, (n, H, span, D)."""
         if self.first is not None:
             return store[self.first:self.first + len(self.slots), :, :self.span]
-        return store[self.slots, :, :self.span]
+        return store[:, :, :self.span].index_select(0, self.slots)  # 0.7x store[slots, :, :span]
 
 
 class RowLayer(CacheLayerMixin):
