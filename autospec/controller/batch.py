@@ -29,6 +29,8 @@ of the step, s / B, and a drafted token's price c.
 """
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass
 
 from autospec.controller.estimates import RunningMedian
@@ -45,6 +47,9 @@ WIDTH_CAPS = (1, 2, 4, 8, 16, 32)
 # shape) otherwise kept every row plain for ~150 steps (the reference pair at 16 rows: 14
 # steps plain of 79 after one 39 ms step where 20 ms was usual, adaptive 0.85x ngram:8)
 STALE_JUMP_STEPS = 8.0
+# steps of one size and kind whose median residual moves the line's price there
+# (BatchCost.residuals): RunningMedian's window, robust to a one-off pause
+RESIDUAL_STEPS = 9
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,10 @@ class BatchCost:
         self._overhead = RunningMedian()
         self._line: tuple | None = None  # (anchor, (a, b, c, j, w)) until the next observation
         self._since_drafted = 0.0  # batch steps since the last drafted one
+        # by (rows, drafted at all): the last RESIDUAL_STEPS steps (features, seconds), whose
+        # seconds beyond the line move its price at that size (`residuals`); not kept by
+        # `state` (measured afresh within a few steps)
+        self._recent: dict[tuple[int, bool], deque] = {}
 
     def observe(self, rows: int, positions: int, seconds: float, weight: float = 1.0,
                 width: int = 1) -> None:
@@ -190,6 +199,37 @@ class BatchCost:
         self.observed = self.observed * keep + weight
         self._since_drafted = 0.0 if positions > rows else self._since_drafted + weight
         self._line = None
+
+    def observe_step(self, rows: int, positions: int, seconds: float, width: int) -> None:
+        """One batch step, once (its rows' `observe` take it row by row): kept by size and
+        kind for `residuals`."""
+        self._recent.setdefault((rows, positions > rows), deque(maxlen=RESIDUAL_STEPS)).append(
+            (step_features(rows, positions, width), seconds))
+
+    def residuals(self, rows: int, fitted: tuple[float, ...]) -> tuple[float, float]:
+        """(plain, drafted): the median of what the last steps of `rows` rows of each kind
+        took beyond the line `fitted` (a, b, c, j, w) predicts for them; 0 where none.
+
+        The line is one plane over every batch size, and a CPU's step is not: on the
+        reference pair under a step cap, steps of 2-6 rows outnumbered those of 16 and the
+        plane priced a plain 16-row step 32 ms where it took 22, and 30 drafted tokens 5 ms
+        where they took 8 — a 1.25 cap then chose steps of 1.4 plain ones. A step's price at
+        a size its steps measured is the line moved by them. A kind not measured at this
+        size (or drafted steps gone stale, as the jump does) moves with the other: a gap
+        between them only where both were measured, so no price keeps a kind from being
+        tried."""
+        moved = []
+        for kind in (False, True):
+            steps = self._recent.get((rows, kind))
+            if not steps or (kind and self._since_drafted >= STALE_JUMP_STEPS):
+                moved.append(None)
+                continue
+            moved.append(statistics.median(
+                seconds - sum(p * x for p, x in zip(fitted, features)) for features, seconds in steps))
+        plain, drafted = moved
+        plain = drafted if plain is None else plain
+        drafted = plain if drafted is None else drafted
+        return plain or 0.0, drafted or 0.0
 
     def observe_overhead(self, seconds: float) -> None:
         """One batch step's seconds per row outside its forward and drafts (Engine.advance

@@ -309,10 +309,12 @@ def test_a_step_cap_bounds_the_controller_s_k_at_batch_1():
         assert max(ks[10:]) == k_bound, (cap, ks)  # once the verify line is measured
 
 
-def test_under_a_step_cap_a_prompt_chunk_takes_the_room_above_a_plain_step():
-    """chunk_budget: the prompt tokens that fit between a plain step and the cap at the step's
-    per-token price (here 10 ms + 0.1 ms a token, cap 1.25: 25 tokens); told the chunk rides,
-    the decision leaves it that room (the rows decode plain here); no cap, no bound."""
+def test_under_a_step_cap_the_rows_decide_first_and_a_prompt_chunk_takes_the_room_left():
+    """Decodes first: told a prompt waits, the decision keeps MIN_CHUNK tokens' room and
+    speculates in the rest; chunk_budget then gives what fits between the rows' step and the
+    cap at the step's per-token price (here 10 ms + 0.1 ms a token, cap 1.25: 25 tokens
+    above a plain step, 9 beside K = 16, 23 beside K = 2), at least MIN_CHUNK; no cap, no
+    bound."""
     period = list(range(100, 140))
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",), step_cap=1.25))
     request = SimRequest("r", period * 3, 120, "copy")
@@ -322,14 +324,55 @@ def test_under_a_step_cap_a_prompt_chunk_takes_the_room_above_a_plain_step():
                                      0.010 + 0.0001 * k, k + 1, 100, 0, 0.0), request)
     assert controller.chunk_budget(1, 64) in (24, 25)
     assert controller.chunk_budget(1, 16) == 16
-    assert controller.decide_batch([request])[0][1] >= 8
-    assert controller.decide_batch([request], chunk=25) == [(None, 0)]
+    choices = controller.decide_batch([request], chunk=25)
+    assert choices == [("ngram", 16)]  # 10 + 1.6 ms, and 8 chunk tokens' 0.8: within 12.5
+    assert controller.chunk_budget(1, 64, choices) in (8, 9)
+    assert controller.chunk_budget(1, 64, [("ngram", 2)]) in (22, 23)
+    assert controller.chunk_budget(1, 64, [("ngram", 40)]) == 8  # MIN_CHUNK, whatever the rows
     assert AdaptiveController(ControllerSettings(drafters=("ngram",))).chunk_budget(1, 64) == 64
 
 
 def test_a_step_cap_below_a_plain_step_is_refused():
     with pytest.raises(ValueError, match="step_cap"):
         ControllerSettings(step_cap=0.5)
+
+
+def test_a_step_s_price_at_a_size_its_steps_measured_follows_them():
+    """The plane is one line over every size; a CPU's step is not linear in the rows (here
+    1.5 ms a row to 6 rows, a 16-row step 16 ms where the small steps' plane says ~28). With
+    most steps small, the line's 16-row plain step is far off; the residuals of the steps
+    measured at 16 rows (plain and drafted apart) bring both back; a size never measured
+    moves by nothing, and a kind not measured at a size moves with the other."""
+    import random
+    rng = random.Random(0)
+    cost = BatchCost()
+    anchor = (0.0055, 0.0003)
+
+    def seconds(rows, drafted):
+        plain = 0.004 + 0.0015 * rows if rows <= 6 else 0.016
+        return plain + (0.001 + 0.0003 * drafted if drafted else 0.0) + rng.gauss(0, 0.0002)
+
+    def step(rows, drafted):
+        taken = seconds(rows, drafted)
+        cost.observe_step(rows, rows + drafted, taken, 2 if drafted else 1)
+        for _ in range(rows):
+            cost.observe(rows, rows + drafted, taken, 1.0 / rows, 2 if drafted else 1)
+
+    for _ in range(240):
+        step(rng.randint(2, 6), rng.choice([0, 0, rng.randint(1, 8)]))
+    for _ in range(5):
+        step(16, 0)
+        step(16, 20)
+    a, b, c, jump, w = cost.line(anchor)
+    plain, drafted = cost.residuals(16, (a, b, c, jump, w))
+    line_plain = a + 16 * (b + c)
+    assert abs(line_plain - 0.016) > 0.002  # the plane alone is off at 16 rows
+    assert line_plain + plain == pytest.approx(0.016, rel=0.05)
+    line_drafted = line_plain + 20 * c + jump + w * 16
+    assert line_drafted + drafted == pytest.approx(0.016 + 0.001 + 0.006, rel=0.05)
+    assert cost.residuals(12, (a, b, c, jump, w)) == (0.0, 0.0)
+    cost.observe_step(9, 9, 0.050, 1)  # plain only at 9 rows: drafted moves with it
+    assert cost.residuals(9, (a, b, c, jump, w))[0] == cost.residuals(9, (a, b, c, jump, w))[1] > 0.0
 
 
 def test_a_run_of_drafted_steps_keeps_what_a_plain_step_costs():
