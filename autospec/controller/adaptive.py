@@ -145,17 +145,16 @@ class AdaptiveController:
     def chunk_budget(self, rows: int, default: int, choices=()) -> int:
         """Prompt tokens that may ride in the next step of `rows` rows (Engine.advance) once
         the rows have decided (`choices`, the whole step's (drafter, k)): with a `step_cap`,
-        what fits between that step (its forward and drafting, and the jump a chunk brings:
-        `Prices.carrying`) and the cap at the per-token price, at least MIN_CHUNK (which decide_batch kept free: its `chunk`). Decodes
-        first, as vLLM's chunked prefill schedules them: the rows' speculation is what
-        throughput buys, the chunk takes the rest, and a prompt still joins at MIN_CHUNK a
-        step."""
+        what fits between that step (its forward and drafting) and the cap at the per-token
+        price, at least MIN_CHUNK (which decide_batch kept free: its `chunk`). Decodes first, as vLLM's chunked prefill
+        schedules them: the rows' speculation is what throughput buys, the chunk takes the
+        rest, and a prompt still joins at MIN_CHUNK a step."""
         cap = self.settings.step_cap
         prices = self._prices(rows) if cap and (self.costs.observed or self.batch_cost.observed) else None
         if prices is None or prices.per_token <= 0.0:
             return default
         ks = [k for _, k in choices]
-        step = prices.carrying(0).step(sum(ks), max(ks, default=0)) + sum(
+        step = prices.step(sum(ks), max(ks, default=0)) + sum(
             self._draft_seconds(drafter, prices) * k for drafter, k in choices
             if k and drafter in self.drafters)
         return max(MIN_CHUNK, min(default, int((cap * prices.step(0) - step) / prices.per_token)))
@@ -170,9 +169,8 @@ class AdaptiveController:
            a confident row speculates while the others decode plain; a row whose drafter
            gets K = 0 there drafts a look-up drafter's proposal where one has any.
         The prices are the step's at this batch size (`_prices`); where `chunk` prompt tokens
-        wait to ride in the step, the step's prices carry them (`Prices.carrying`; under a
-        `step_cap`, MIN_CHUNK of them: the chunk then gets what the rows leave,
-        `chunk_budget`)."""
+        wait to ride in the step, MIN_CHUNK of them take their price out of a `step_cap`'s
+        bound (the chunk gets what the rows leave: `chunk_budget`)."""
         rows = len(requests)
         states = [self._state(request) for request in requests]
         lengths = [self._look_up(state, request, peek) for state, request in zip(states, requests)]
@@ -184,11 +182,6 @@ class AdaptiveController:
         prices = self._prices(rows)
         if prices is None:
             return [(None, 0)] * rows
-        cap = self.settings.step_cap
-        # a bounded step: none whose forward and drafting exceed cap x a plain step
-        max_step = cap * prices.step(0) if cap else None
-        if chunk:  # what the step pays for the chunk riding in it (under a cap: MIN_CHUNK)
-            prices = prices.carrying(min(chunk, MIN_CHUNK) if cap else chunk)
         drafters, trying = [], set()
         for state, request, length in zip(states, requests, lengths):
             drafter = self._choose(state, request, length, prices, trying)
@@ -197,6 +190,9 @@ class AdaptiveController:
                 # waits for its cache prefill), and what that costs prices it for the rest
                 trying.add(drafter)
             drafters.append(drafter)
+        cap = self.settings.step_cap
+        # a bounded step: none whose forward and drafting exceed cap x a plain step
+        max_step = cap * prices.step(0) - min(chunk, MIN_CHUNK) * prices.per_token if cap else None
         ks = self._ks(states, lengths, drafters, prices, max_step)
         # a row whose drafter does not pay in this step (an exploring draw of a costly
         # drafter, say) drafts with a look-up drafter that has a proposal (n-gram, suffix:
@@ -232,10 +228,14 @@ class AdaptiveController:
             return None
         a, b, c, jump, width = fitted
         overhead = self.batch_cost.row_overhead
-        plain, drafted = self.batch_cost.residuals(rows, fitted)  # moved to this size's steps
         fixed = a + (b + c + overhead) * rows
-        fixed = max(fixed + plain, 0.5 * fixed)  # a few odd steps move it at most by half
-        jump = max(jump + drafted - plain, 0.0)
+        if self.settings.step_cap:
+            # a bound in plain steps at this size needs their price here: the line moved to
+            # this size's own steps (BatchCost.residuals). Not without a cap: the default's
+            # goodput choice measured no better with it (docs/controller.md)
+            plain, drafted = self.batch_cost.residuals(rows, fitted)
+            fixed = max(fixed + plain, 0.5 * fixed)  # a few odd steps move it by half at most
+            jump = max(jump + drafted - plain, 0.0)
         share = fixed / rows
         # a row's share of the step's jump for drafting at all: as if it drafted alone
         return Prices(rows, fixed, c, [], [share] + [share + (c + width) * k + jump / rows

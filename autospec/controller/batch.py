@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from autospec.controller.estimates import RunningMedian
 
@@ -74,17 +74,6 @@ class Prices:
             return self.table[drafted]
         return (self.fixed + self.per_token * drafted + (self.jump if drafted else 0.0)
                 + self.width * self.rows * widest)
-
-
-    def carrying(self, tokens: int) -> "Prices":
-        """The prices of a step that carries `tokens` prompt tokens of a joining request (a
-        chunk riding in its forward): every step of it pays them and, whatever the rows
-        draft, the jump (its forward is wider than a token a row: models/attention.py packs
-        it), so drafting no longer pays the jump itself."""
-        extra = self.per_token * tokens + self.jump
-        shares = self.shares[:1] + [share - self.jump / self.rows for share in self.shares[1:]]
-        return replace(self, fixed=self.fixed + extra, table=[t + extra for t in self.table],
-                       shares=[share + extra / self.rows for share in shares], jump=0.0)
 
 
 def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Prices,
@@ -235,8 +224,8 @@ class BatchCost:
             if not steps or (kind and self._since_drafted >= STALE_JUMP_STEPS):
                 moved.append(None)
                 continue
-            moved.append(statistics.median(
-                seconds - sum(p * x for p, x in zip(fitted, features)) for features, seconds in steps))
+            moved.append(statistics.median(seconds - sum(p * x for p, x in zip(fitted, features))
+                                           for features, seconds in steps))
         plain, drafted = moved
         plain = drafted if plain is None else plain
         drafted = plain if drafted is None else drafted

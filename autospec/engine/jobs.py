@@ -84,8 +84,8 @@ def advance_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]]) -> 
     the controllers' seconds shared among the rows. The tokens appended to each row. A row
     still prefilling emits none while a chunk of its prompt rides in the step's forward (the
     first such row: as many tokens as every controller's `chunk_budget` allows beside the
-    rows' choices, up to `prefill_chunk`); the step in which the rest of its prompt fits, it decodes plain after
-    it, in the same forward. When no row is decoding yet, every prompt goes in whole."""
+    rows' choices, up to `prefill_chunk`); the step in which the rest of its prompt fits, it
+    decodes plain after it, in the same forward. When no row is decoding yet, every prompt goes in whole."""
     waiting = [i for i, (request, _) in enumerate(rows) if self.unfilled(request)]
     if not waiting:
         return self._decode(rows)

@@ -330,13 +330,6 @@ def test_under_a_step_cap_the_rows_decide_first_and_a_prompt_chunk_takes_the_roo
     assert controller.chunk_budget(1, 64, [("ngram", 2)]) in (22, 23)
     assert controller.chunk_budget(1, 64, [("ngram", 40)]) == 8  # MIN_CHUNK, whatever the rows
     assert AdaptiveController(ControllerSettings(drafters=("ngram",))).chunk_budget(1, 64) == 64
-    # in a batch the chunk brings the jump of a wider forward whatever the rows draft: a step
-    # carrying it pays the jump once, drafting then adds only its tokens
-    prices = Prices(4, 0.020, 0.001, [], [0.005, 0.0065], 0.008, jump=0.004)
-    carried = prices.carrying(8)
-    assert carried.step(0) == pytest.approx(0.020 + 0.008 + 0.004)
-    assert carried.step(3) == pytest.approx(carried.step(0) + 0.003)
-    assert carried.shares == pytest.approx([0.005 + 0.003, 0.0065 - 0.001 + 0.003])
 
 
 def test_a_step_cap_below_a_plain_step_is_refused():
