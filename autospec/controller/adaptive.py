@@ -142,22 +142,15 @@ class AdaptiveController:
     def decide(self, request) -> tuple[str | None, int]:  # a batch of one
         return self.decide_batch([request])[0]
 
-    def chunk_budget(self, rows: int, default: int, choices=()) -> int:
-        """Prompt tokens that may ride in the next step of `rows` rows (Engine.advance) once
-        the rows have decided (`choices`, the whole step's (drafter, k)): with a `step_cap`,
-        what fits between that step (its forward and drafting) and the cap at the per-token
-        price, at least MIN_CHUNK (which decide_batch kept free: its `chunk`). Decodes first, as vLLM's chunked prefill
-        schedules them: the rows' speculation is what throughput buys, the chunk takes the
-        rest, and a prompt still joins at MIN_CHUNK a step."""
+    def chunk_budget(self, rows: int, default: int) -> int:
+        """Prompt tokens that may ride in the next step of `rows` rows (Engine.advance): with a
+        `step_cap`, what fits above a plain step within it at the per-token price, at least
+        MIN_CHUNK (the rows speculate in what is left: decide_batch's `chunk`)."""
         cap = self.settings.step_cap
         prices = self._prices(rows) if cap and (self.costs.observed or self.batch_cost.observed) else None
         if prices is None or prices.per_token <= 0.0:
             return default
-        ks = [k for _, k in choices]
-        step = prices.step(sum(ks), max(ks, default=0)) + sum(
-            self._draft_seconds(drafter, prices) * k for drafter, k in choices
-            if k and drafter in self.drafters)
-        return max(MIN_CHUNK, min(default, int((cap * prices.step(0) - step) / prices.per_token)))
+        return max(MIN_CHUNK, min(default, int((cap - 1.0) * prices.step(0) / prices.per_token)))
 
     def decide_batch(self, requests, peek=None, chunk: int = 0) -> list[tuple[str | None, int]]:
         """(drafter, K) for every row of a step (Engine.advance asks this way), B >= 1 alike:
@@ -168,9 +161,8 @@ class AdaptiveController:
         3. every row's K together for the step's goodput (controller/batch.py `batch_ks`):
            a confident row speculates while the others decode plain; a row whose drafter
            gets K = 0 there drafts a look-up drafter's proposal where one has any.
-        The prices are the step's at this batch size (`_prices`); where `chunk` prompt tokens
-        wait to ride in the step, MIN_CHUNK of them take their price out of a `step_cap`'s
-        bound (the chunk gets what the rows leave: `chunk_budget`)."""
+        The prices are the step's at this batch size (`_prices`); `chunk` prompt tokens riding
+        in the step (`chunk_budget`) take their price out of a `step_cap`'s bound."""
         rows = len(requests)
         states = [self._state(request) for request in requests]
         lengths = [self._look_up(state, request, peek) for state, request in zip(states, requests)]
@@ -192,7 +184,7 @@ class AdaptiveController:
             drafters.append(drafter)
         cap = self.settings.step_cap
         # a bounded step: none whose forward and drafting exceed cap x a plain step
-        max_step = cap * prices.step(0) - min(chunk, MIN_CHUNK) * prices.per_token if cap else None
+        max_step = cap * prices.step(0) - chunk * prices.per_token if cap else None
         ks = self._ks(states, lengths, drafters, prices, max_step)
         # a row whose drafter does not pay in this step (an exploring draw of a costly
         # drafter, say) drafts with a look-up drafter that has a proposal (n-gram, suffix:

@@ -83,9 +83,9 @@ def advance_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]]) -> 
     rows may have different ones), one `step_batch`, every controller told its rows' steps,
     the controllers' seconds shared among the rows. The tokens appended to each row. A row
     still prefilling emits none while a chunk of its prompt rides in the step's forward (the
-    first such row: as many tokens as every controller's `chunk_budget` allows beside the
-    rows' choices, up to `prefill_chunk`); the step in which the rest of its prompt fits, it
-    decodes plain after it, in the same forward. When no row is decoding yet, every prompt goes in whole."""
+    first such row: as many tokens as every controller's `chunk_budget` allows, up to
+    `prefill_chunk`); the step in which the rest of its prompt fits, it decodes plain after
+    it, in the same forward. When no row is decoding yet, every prompt goes in whole."""
     waiting = [i for i, (request, _) in enumerate(rows) if self.unfilled(request)]
     if not waiting:
         return self._decode(rows)
@@ -117,22 +117,19 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
     looked: dict[int, dict[str, Proposal]] = {}  # the controllers' look-ups, by slot
     peek = functools.partial(self.peek, looked)
     choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
-    # a joining prompt: the rows decide knowing up to `most` of its tokens wait to ride
-    # (a controller with a step bound keeps room for some: decide_batch's `chunk`), then the
-    # chunk is what every such controller lets ride beside their choices (chunk_budget)
-    most = min(self.prefill_chunk, self.unfilled(joining)) if joining is not None else 0
-    for controller, indices in groups.values():
-        getattr(controller, "attach", lambda models: None)(self.models)  # the pair it drives
-        decided = decide_batch(controller, [rows[i][0] for i in indices], peek, most)
-        for i, choice in zip(indices, decided):
-            choices[i] = choice
-    chunk, budget = None, most
-    if joining is not None:
-        budget = min([most] + [controller.chunk_budget(len(rows), most, choices)
-                               for controller, _ in groups.values()
-                               if hasattr(controller, "chunk_budget")])
+    chunk, budget = None, 0
+    if joining is not None:  # what a controller with a step bound lets ride (chunk_budget)
+        budget = min([self.prefill_chunk] + [
+            controller.chunk_budget(len(rows), self.prefill_chunk)
+            for controller, _ in groups.values() if hasattr(controller, "chunk_budget")])
+        budget = min(budget, self.unfilled(joining))
         if budget < self.unfilled(joining):
             chunk = (joining, budget)
+    for controller, indices in groups.values():
+        getattr(controller, "attach", lambda models: None)(self.models)  # the pair it drives
+        decided = decide_batch(controller, [rows[i][0] for i in indices], peek, budget)
+        for i, choice in zip(indices, decided):
+            choices[i] = choice
     t1 = time.perf_counter()
     decisions = [(request, *choice) for (request, _), choice in zip(rows, choices)]
     if joining is not None and chunk is None:

@@ -36,8 +36,7 @@ def decide_batch(controller: Controller, requests: Sequence["Request"],
                  peek: Peek | None = None, chunk: int = 0) -> list[tuple[str | None, int]]:
     """A (drafter or None, k) per row: the controller's own batch decision when it has one
     (`decide_batch`, e.g. a batch size -> K table), else row by row (`decide`). `chunk`:
-    prompt tokens waiting to ride in the step, told to a controller that budgets them
-    (`chunk_budget`)."""
+    prompt tokens riding in the step, told to a controller that budgets them (`chunk_budget`)."""
     batch = getattr(controller, "decide_batch", None)
     if batch and chunk and hasattr(controller, "chunk_budget"):
         return batch(requests, peek, chunk)

@@ -309,12 +309,10 @@ def test_a_step_cap_bounds_the_controller_s_k_at_batch_1():
         assert max(ks[10:]) == k_bound, (cap, ks)  # once the verify line is measured
 
 
-def test_under_a_step_cap_the_rows_decide_first_and_a_prompt_chunk_takes_the_room_left():
-    """Decodes first: told a prompt waits, the decision keeps MIN_CHUNK tokens' room and
-    speculates in the rest; chunk_budget then gives what fits between the rows' step and the
-    cap at the step's per-token price (here 10 ms + 0.1 ms a token, cap 1.25: 25 tokens
-    above a plain step, 9 beside K = 16, 23 beside K = 2), at least MIN_CHUNK; no cap, no
-    bound."""
+def test_under_a_step_cap_a_prompt_chunk_takes_the_room_above_a_plain_step():
+    """chunk_budget: the prompt tokens that fit between a plain step and the cap at the step's
+    per-token price (here 10 ms + 0.1 ms a token, cap 1.25: 25 tokens); told the chunk rides,
+    the decision leaves it that room (the rows decode plain here); no cap, no bound."""
     period = list(range(100, 140))
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",), step_cap=1.25))
     request = SimRequest("r", period * 3, 120, "copy")
@@ -324,11 +322,8 @@ def test_under_a_step_cap_the_rows_decide_first_and_a_prompt_chunk_takes_the_roo
                                      0.010 + 0.0001 * k, k + 1, 100, 0, 0.0), request)
     assert controller.chunk_budget(1, 64) in (24, 25)
     assert controller.chunk_budget(1, 16) == 16
-    choices = controller.decide_batch([request], chunk=25)
-    assert choices == [("ngram", 16)]  # 10 + 1.6 ms, and 8 chunk tokens' 0.8: within 12.5
-    assert controller.chunk_budget(1, 64, choices) in (8, 9)
-    assert controller.chunk_budget(1, 64, [("ngram", 2)]) in (22, 23)
-    assert controller.chunk_budget(1, 64, [("ngram", 40)]) == 8  # MIN_CHUNK, whatever the rows
+    assert controller.decide_batch([request])[0][1] >= 8
+    assert controller.decide_batch([request], chunk=25) == [(None, 0)]
     assert AdaptiveController(ControllerSettings(drafters=("ngram",))).chunk_budget(1, 64) == 64
 
 
