@@ -11,7 +11,8 @@ row drafts it, and a confident row can speculate while the others decode plain:
     step seconds   s(X)     the forward over B + X tokens (X drafted over all rows, at most
                             W - 1 in one), the per-step overhead in (`Prices`: batch 1's
                             measured sizes, or the batch line a + b B + c (B + X) + j [X > 0]
-                            + w B (W - 1) + o B of `BatchCost`)
+                            + w B (W - 1) + o B of `BatchCost`; under a step cap moved
+                            to the size's own steps, `BatchCost.residuals`)
     goodput        (B + sum_i E_i(K_i)) / (s(sum_i K_i) + sum_i d_i K_i)
 
 with E_i(K) = sum_{j<K} g_ij, g_ij = prod_{l<=j} alpha_il the chance row i's (j+1)-th drafted

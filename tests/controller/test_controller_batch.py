@@ -366,6 +366,13 @@ def test_a_step_s_price_at_a_size_its_steps_measured_follows_them():
     line_drafted = line_plain + 20 * c + jump + w * 16
     assert line_drafted + drafted == pytest.approx(0.016 + 0.001 + 0.006, rel=0.05)
     assert cost.residuals(12, (a, b, c, jump, w)) == (0.0, 0.0)
+    # a controller prices its steps so under a step cap only (its bound is in plain steps)
+    capped, free = (AdaptiveController(ControllerSettings(drafters=("ngram",), step_cap=cap))
+                    for cap in (1.25, 0.0))
+    capped.batch_cost = free.batch_cost = cost
+    moved = cost.residuals(16, cost.line(None))[0]  # these controllers ran no batch of one
+    assert moved < 0.0
+    assert capped._prices(16).step(0) == pytest.approx(free._prices(16).step(0) + moved)
     cost.observe_step(9, 9, 0.050, 1)  # plain only at 9 rows: drafted moves with it
     assert cost.residuals(9, (a, b, c, jump, w))[0] == cost.residuals(9, (a, b, c, jump, w))[1] > 0.0
 
