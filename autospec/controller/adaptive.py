@@ -346,8 +346,9 @@ class AdaptiveController:
         the step's costs once, then each row's estimates."""
         first = records[0]
         if first.batch_size > 1:
-            self.batch_cost.observe_step(first.batch_size, first.batch_tokens,
-                                         first.verify_seconds, first.batch_width)
+            if self.settings.step_cap:  # what its prices at this size read (_prices)
+                self.batch_cost.observe_step(first.batch_size, first.batch_tokens,
+                                             first.verify_seconds, first.batch_width)
             # a batch's forward: every row reports it, each with 1 / rows of its weight
             for record in records:
                 self.batch_cost.observe(record.batch_size, record.batch_tokens,
