@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,6 +62,20 @@ def test_kernels_and_store_are_not_top_level(tmp_path):
             "assert u.find_spec('kernels') is None or 'site-packages' in u.find_spec('kernels').origin\n"
             "assert u.find_spec('store') is None\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+
+
+def test_the_kernels_folder_does_not_shadow_the_kernels_distribution_from_the_root():
+    # transformers >= 5.25 depends on Hugging Face's `kernels` and imports it by that name;
+    # from the repository root (python -m, pytest) the root is on sys.path, where the folder
+    # kernels/ answers to the same name
+    root = Path(__file__).resolve().parents[2]
+    code = ("import importlib.metadata as m, sys\n"
+            "try:\n    m.distribution('kernels')\nexcept m.PackageNotFoundError:\n    sys.exit(0)\n"
+            "import kernels, autospec.kernels\n"
+            "assert 'site-packages' in kernels.__file__, kernels.__file__\n"
+            "assert autospec.kernels.greedy_verify\n"
+            "import transformers.integrations.hub_kernels\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
 
 def test_random_rows_repeat_a_run_after_some_code():
