@@ -238,7 +238,7 @@ def format_load_table(by_concurrency: dict) -> str:
     for level, entry in by_concurrency.items():
         shares = [f"{name} {stats[OVERALL]['controller_share']:.1%}"
                   for name, stats in entry["methods"].items()
-                  if stats[OVERALL].get("controller_share", 0) > 0.001]
+                  if stats[OVERALL].get("controller_share", 0) > 0]
         if shares:
             lines += ["", f"controller decide + update at N = {level}, share of wall time: "
                           + ", ".join(shares)]

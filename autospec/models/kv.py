@@ -32,6 +32,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from autospec.models.attention import _PACKED, Packing, packs
+from autospec.models.forward import fits, llama_forward
 from autospec.models.pair import kv_shape
 
 
@@ -51,7 +52,13 @@ def cached_forward(model, input_ids: torch.Tensor, cache: Cache, kwarg: str,
     """Logits (B, n, V) for input_ids (B, n) appended after what the cache holds; with `last`,
     only the last `last` positions are scored (a prefill needs none or one: the LM head over a
     whole prompt costs as much as several decode steps). `inputs`: position_ids and a 4-D
-    attention_mask where rows sit at their own offsets (RowCache.bind)."""
+    attention_mask where rows sit at their own offsets (RowCache.bind). A Llama model runs
+    models/forward.py's forward, every other model transformers' own."""
+    if isinstance(cache, RowCache) and fits(model):
+        keep = inputs.get("logits_to_keep", last)
+        return llama_forward(model, input_ids, cache, inputs["position_ids"],
+                             inputs["attention_mask"], keep,
+                             bool(inputs.get("output_hidden_states")))
     extra = {"logits_to_keep": last} if last is not None and keeps_logits(type(model)) else {}
     out = model(input_ids=input_ids, use_cache=True, **{kwarg: cache}, **extra, **inputs)
     if inputs.get("output_hidden_states"):  # and the last hidden state (after the final norm)

@@ -1,0 +1,65 @@
+"""models/forward.py: the Llama forward over a RowCache computes what transformers' does."""
+import pytest
+import torch
+
+from autospec.models.attention import pack_rows
+from autospec.models.forward import fits
+from autospec.models.kv import RowCache, cache_kwarg
+from autospec.models.pair import early_exit_view
+from tests.conftest import random_llama
+
+# a prefill of unequal prompts, then decode and verify steps of mixed widths (packed), then a
+# prompt chunk beside decoding rows with a row scored in part
+STEPS = [
+    ([[(7 * i + 3 * j) % 60 + 2 for j in range(12 + 5 * i)] for i in range(4)], None),
+    ([[11], [12, 13, 14], [15], [16]], None),
+    ([[17, 17], [18], [19], [20] * 5], None),
+    ([[21], [22] * 30, [23], [24, 25]], [1, 0, 1, 2]),
+]
+
+
+def _forwards(model, ours: bool, keep_hidden: bool):
+    model._autospec_fits = None if ours else False  # False: transformers' forward
+    cache = RowCache(model, 4, 128, keep_hidden=keep_hidden)
+    slots = [cache.claim() for _ in range(4)]
+    outs = []
+    with torch.inference_mode():
+        for feeds, scored in STEPS:
+            outs.append(cache.forward(model, cache_kwarg(model), slots, feeds, 128,
+                                      scored=scored).clone())
+            for slot, feed in zip(slots, feeds):
+                cache.lengths[slot] += len(feed)
+    model._autospec_fits = None
+    return outs + ([cache.hidden.clone()] if keep_hidden else [])
+
+
+@pytest.mark.parametrize("keep_hidden", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_llama_forward_gives_transformers_logits_and_features(keep_hidden, packed):
+    model = random_llama(64, seed=3, layers=3)
+    model.config.num_key_value_heads = 2
+    if packed:
+        assert pack_rows(model)
+    assert fits(model)
+    ours, theirs = _forwards(model, True, keep_hidden), _forwards(model, False, keep_hidden)
+    assert len(ours) == len(theirs) == len(STEPS) + keep_hidden
+    for step, (a, b) in enumerate(zip(ours, theirs)):
+        assert a.shape == b.shape
+        if step < len(STEPS):  # each row's scored positions (a packed forward's padding is
+            feeds, scored = STEPS[step]  # never read, and not written)
+            counts = [c for c in (scored or map(len, feeds)) if c]
+            a = torch.cat([row[:c] for row, c in zip(a, counts)])
+            b = torch.cat([row[:c] for row, c in zip(b, counts)])
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_an_early_exit_view_fits_and_other_models_go_through_transformers():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = random_llama(64, seed=4, layers=3)
+    assert fits(early_exit_view(model, 2))
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2)).eval()
+    assert not fits(gpt2)
+    biased = random_llama(64, seed=5)
+    biased.config.attention_bias = True
+    biased._autospec_fits = None
+    assert not fits(biased)
