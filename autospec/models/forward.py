@@ -1,18 +1,25 @@
-"""The decode-time forward of a Llama model over a RowCache, without transformers' plumbing.
+"""The decode-time forward of a Llama model over a RowCache: its own loop, oneDNN's products.
 
-transformers' forward of a 1-token step is mostly not its matrix products: per layer it builds
-kwargs, checks masks, dispatches the attention interface, casts for the norms, and the model
-around it makes masks and output records. On a CPU at batch sizes of 1-16 that is a large part
-of a step (SmolLM2, 30 layers, one row: ~15-20 ms of Python and small ops around ~50 ms of
-products). `llama_forward` computes the same function (the same modules' weights, the same
-norm, rotary and attention arithmetic, `rows_attention` for the rows) in a plain loop, for the
-models it is exact for (`fits`); every other model goes through transformers unchanged.
+transformers' forward of a decode step is not only its matrix products: per layer it builds
+kwargs, checks masks, dispatches the attention interface, and the model around it makes masks
+and output records — on a CPU at 1-16 rows a large part of a step. And its products go through
+F.linear, whose BLAS call for a few rows (a verify of K + 1 tokens, a batch of 16) reads the
+weight at a third to a half of the speed it reads it for one (SmolLM2's head: 13 GB/s at one
+token, 3.5-5.5 at 2-9). `llama_forward` computes the same function (the same modules'
+weights; the same norm, rotary and attention arithmetic, `rows_attention` for the rows) in a
+plain loop, its products by oneDNN over each weight reordered once into oneDNN's blocked layout
+(`_packed`: 15-22 GB/s at 1-3 tokens, 13-16 at 5-9; a copy of every linear weight, made on
+first use and again when the weight changes — SmolLM2 in float32: 0.54 GB more). Measured, one
+forward against transformers' on the same RowCache: SmolLM2 one row 61 against 70 ms, a
+3-token verify 58-71 against 120-143, 16 rows 117-122 against 165-177 (docs/benchmarks.md).
 
-Plain and speculative decoding both run it, so greedy identity between them holds as before;
-against transformers' own forward a logit can differ in the last bits (what a different
-product order gives), as between any two BLAS calls of a different shape.
+For the models it is exact for (`fits`); every other model goes through transformers as before.
+Plain and speculative decoding both run it. Its logits differ from transformers' in the last
+bits (another product order), as a verify's already differ from a one-token step's.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -22,9 +29,9 @@ from autospec.models.attention import ROWS_ATTENTION, rows_attention
 
 
 def fits(model: nn.Module) -> bool:
-    """Whether `llama_forward` computes `model` exactly: transformers' LlamaForCausalLM with
-    no biases, SiLU MLP, default-scaled rotary, every layer alike (the reference pair, SmolLM2,
-    an early-exit view of either). Cached on the model."""
+    """Whether `llama_forward` computes `model`'s function: transformers' LlamaForCausalLM with
+    no biases (the head's included), a SiLU MLP, unscaled rotary, attention by sdpa or by
+    rows (the reference pair, SmolLM2, an early-exit view of either). Cached on the model."""
     cached = getattr(model, "_autospec_fits", None)
     if cached is not None:
         return cached
@@ -35,12 +42,49 @@ def fits(model: nn.Module) -> bool:
         ok = (type(model) is LlamaForCausalLM and not cfg.attention_bias
               and not getattr(cfg, "mlp_bias", False) and cfg.hidden_act == "silu"
               and getattr(cfg, "pretraining_tp", 1) == 1
+              and getattr(model.lm_head, "bias", None) is None
               and getattr(model.model.rotary_emb, "attention_scaling", 1.0) == 1.0
               and cfg._attn_implementation in ("sdpa", ROWS_ATTENTION))
     except (ImportError, AttributeError):
         ok = False
     model._autospec_fits = ok
     return ok
+
+
+def _linear(x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
+    """module(x), bias-free. On a CPU in float32 without autograd, by oneDNN over a copy of the
+    weight reordered once into its blocked layout (`_packed`); elsewhere F.linear."""
+    weight = module.weight
+    if not (x.device.type == "cpu" and weight.dtype == torch.float32 and PACKS
+            and not (torch.is_grad_enabled() and weight.requires_grad)):
+        return F.linear(x, weight)
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.ops.mkldnn._linear_pointwise(flat, _packed(module), None, "none", [], "")
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _packed(module: nn.Linear) -> torch.Tensor:
+    """The module's weight reordered for oneDNN, made again when the weight changed."""
+    weight = module.weight
+    key = (weight.data_ptr(), weight._version)
+    cached = _PACKED.get(module)
+    if cached is None or cached[0] != key:
+        with torch.no_grad():
+            cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT))
+        _PACKED[module] = cached
+    return cached[1]
+
+
+# module -> ((weight's address, version), packed weight); beside the module, not on it: an
+# opaque oneDNN tensor cannot be deep-copied, saved or moved as the module's own tensors are
+_PACKED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+# oneDNN's reorder takes the batch it is laid out for; 2-32 read SmolLM2's and the reference
+# pair's weights alike (within the spread) from 1 to 33 tokens, 1 at half that speed from 2
+# tokens up (GB/s of weight read, SmolLM2's MLP and head shapes, each hint against the others)
+PACK_HINT = 4
+PACKS = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -71,21 +115,22 @@ def llama_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids
     for index, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
         h = _norm(x, layer.input_layernorm.weight, eps)
-        q = F.linear(h, attn.q_proj.weight).view(batch, width, -1, attn.head_dim).transpose(1, 2)
-        k = F.linear(h, attn.k_proj.weight).view(batch, width, -1, attn.head_dim).transpose(1, 2)
-        v = F.linear(h, attn.v_proj.weight).view(batch, width, -1, attn.head_dim).transpose(1, 2)
+        q = _linear(h, attn.q_proj).view(batch, width, -1, attn.head_dim).transpose(1, 2)
+        k = _linear(h, attn.k_proj).view(batch, width, -1, attn.head_dim).transpose(1, 2)
+        v = _linear(h, attn.v_proj).view(batch, width, -1, attn.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         k, v = cache.layers[index].update(k, v)
         out, _ = rows_attention(attn, q, k, v, attention_mask, scaling=attn.scaling, dropout=0.0)
-        x = x + F.linear(out.reshape(batch, width, -1), attn.o_proj.weight)
+        x = x + _linear(out.reshape(batch, width, -1), attn.o_proj)
         h = _norm(x, layer.post_attention_layernorm.weight, eps)
-        x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
-                         mlp.down_proj.weight)
+        x = x + _linear(F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj),
+                         mlp.down_proj)
     hidden = _norm(x, base.norm.weight, eps)
     if isinstance(logits_to_keep, int) and logits_to_keep:
-        logits = model.lm_head(hidden[:, -logits_to_keep:])
+        scored = hidden[:, -logits_to_keep:]
     elif isinstance(logits_to_keep, torch.Tensor):
-        logits = model.lm_head(hidden[:, logits_to_keep])
+        scored = hidden[:, logits_to_keep]
     else:
-        logits = model.lm_head(hidden)
+        scored = hidden
+    logits = _linear(scored, model.lm_head)
     return (logits, hidden) if output_hidden_states else logits
