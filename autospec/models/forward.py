@@ -7,7 +7,7 @@ F.linear, whose BLAS call for a few rows (a verify of K + 1 tokens, a batch of 1
 weight at a third to a half of the speed it reads it for one (SmolLM2's head: 13 GB/s at one
 token, 3.5-5.5 at 2-9). `llama_forward` computes the same function (the same modules'
 weights; the same norm, rotary and attention arithmetic, `rows_attention` for the rows) in a
-plain loop, its products by oneDNN over each weight reordered once into oneDNN's blocked layout
+plain loop, its products of more than one token by oneDNN over each weight reordered once into a blocked layout
 (`_packed`: 15-22 GB/s at 1-3 tokens, 13-16 at 5-9; a copy of every linear weight, made on
 first use and again when the weight changes — SmolLM2 in float32: 0.54 GB more). Measured, one
 forward against transformers' on the same RowCache: SmolLM2 one row 61 against 70 ms, a
@@ -52,10 +52,14 @@ def fits(model: nn.Module) -> bool:
 
 
 def _linear(x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
-    """module(x), bias-free. On a CPU in float32 without autograd, by oneDNN over a copy of the
-    weight reordered once into its blocked layout (`_packed`); elsewhere F.linear."""
+    """module(x), bias-free. Of more than one token, on a CPU in float32 without autograd, by
+    oneDNN over a copy of the weight reordered once into its blocked layout (`_packed`);
+    elsewhere F.linear. One token stays with F.linear: as fast on SmolLM2 (65.0 / 65.4 ms a
+    forward, oneDNN / F.linear), faster on the reference pair, whose small products oneDNN's
+    call overhead outweighs (12.6 / 10.7 ms); at 16 rows, 23.0 / 24.5 there."""
     weight = module.weight
-    if not (x.device.type == "cpu" and weight.dtype == torch.float32 and PACKS
+    if not (PACKS and x.numel() > x.shape[-1] and x.device.type == "cpu"
+            and weight.dtype == torch.float32
             and not (torch.is_grad_enabled() and weight.requires_grad)):
         return F.linear(x, weight)
     flat = x.reshape(-1, x.shape[-1]).contiguous()
