@@ -52,13 +52,15 @@ def fits(model: nn.Module) -> bool:
 
 
 def _linear(x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
-    """module(x), bias-free. Of more than one token, on a CPU in float32 without autograd, by
-    oneDNN over a copy of the weight reordered once into its blocked layout (`_packed`);
-    elsewhere F.linear. One token stays with F.linear: as fast on SmolLM2 (65.0 / 65.4 ms a
-    forward, oneDNN / F.linear), faster on the reference pair, whose small products oneDNN's
-    call overhead outweighs (12.6 / 10.7 ms); at 16 rows, 23.0 / 24.5 there."""
+    """module(x), bias-free. Of more than one token by a weight of at least MIN_PACKED
+    elements, on a CPU in float32 without autograd, by oneDNN over a copy of the weight
+    reordered once into its blocked layout (`_packed`); elsewhere F.linear. One token stays
+    with F.linear: as fast on SmolLM2 (65.0 / 65.4 ms a forward, oneDNN / F.linear), faster on
+    the reference pair, whose small products oneDNN's call overhead outweighs (12.6 / 10.7 ms);
+    at 16 rows, 23.0 / 24.5 there."""
     weight = module.weight
-    if not (PACKS and x.numel() > x.shape[-1] and x.device.type == "cpu"
+    if not (PACKS and x.numel() > x.shape[-1] and weight.numel() >= MIN_PACKED
+            and x.device.type == "cpu"
             and weight.dtype == torch.float32
             and not (torch.is_grad_enabled() and weight.requires_grad)):
         return F.linear(x, weight)
@@ -88,6 +90,10 @@ _PACKED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictiona
 # pair's weights alike (within the spread) from 1 to 33 tokens, 1 at half that speed from 2
 # tokens up (GB/s of weight read, SmolLM2's MLP and head shapes, each hint against the others)
 PACK_HINT = 4
+# weights of fewer elements stay with F.linear: a oneDNN call costs ~30 us whatever its size
+# (a 16 x 16 weight at 3 tokens 32 against 4.4 us; 320 x 320, the reference pair's attention,
+# 62 against 55), which a larger weight's faster read repays (864 x 320: 61 against 123 us)
+MIN_PACKED = 1 << 18
 PACKS = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
