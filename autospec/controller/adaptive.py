@@ -379,7 +379,8 @@ class AdaptiveController:
             self._observe(state, record.drafter, proposed, record.accepted)
             self._pool(request.workload, record.drafter, proposed, record.accepted)
         if self.settings.counterfactual and "ngram" in self.drafters and record.drafter != "ngram":
-            scored = self._ngram_counterfactual(request, record.emitted)
+            scored = state.ngram_counterfactual(request.tokens, record.emitted,
+                                                self.settings.k_max)
             if scored is not None:
                 self._observe(state, "ngram", *scored)
                 self._pool(request.workload, "ngram", *scored)
@@ -394,18 +395,3 @@ class AdaptiveController:
             state.looked.clear()
         if request.done:
             self._requests.pop(request.request_id, None)
-
-    def _ngram_counterfactual(self, request, emitted: int) -> tuple[int, int] | None:
-        """(proposed, accepted) n-gram would have scored on the step just verified (None when
-        it had nothing to propose).
-
-        Only the `emitted` tokens are known to be the target's; a proposal longer than that is
-        censored there (positions past it are left unobserved)."""
-        state, before = self._requests[request.request_id], len(request.tokens) - emitted
-        verified = request.tokens[before:]
-        at, proposal = state.proposal
-        if at != before:  # not looked up at decide (the engine's first step): now
-            state.ngram.sync(request.tokens)  # O(new tokens); it answers for the prefix too
-            proposal = state.ngram.propose(self.settings.k_max, at=before)
-        # nothing to draft: the decision rules n-gram out of such steps
-        return _score(proposal, verified) if proposal else None

@@ -30,6 +30,19 @@ class _RequestState:
     # draws add (explore_pooled)
     pooled: list | None = None
 
+    def ngram_counterfactual(self, tokens: list[int], emitted: int,
+                             k_max: int) -> tuple[int, int] | None:
+        """(proposed, accepted) n-gram would have scored on the step just verified, whose
+        `emitted` tokens end `tokens` (None when it had nothing to propose). Only those are
+        known to be the target's; a proposal longer than that is censored there."""
+        before = len(tokens) - emitted
+        at, proposal = self.proposal
+        if at != before:  # not looked up at decide (the engine's first step): now
+            self.ngram.sync(tokens)  # O(new tokens); it answers for the prefix too
+            proposal = self.ngram.propose(k_max, at=before)
+        # nothing to draft: the decision rules n-gram out of such steps
+        return _score(proposal, tokens[before:]) if proposal else None
+
 
 def _score(proposal: list[int], verified: list[int]) -> tuple[int, int]:
     """(proposed, accepted) a proposal would have scored against the tokens the target emitted.

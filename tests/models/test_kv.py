@@ -14,8 +14,8 @@ def _rows(model, packed: bool):
     """Four rows at their own lengths, two verify-like forwards of unequal widths: each row's
     logits (its real tokens), and the tokens the model was fed (a spy on its input_ids)."""
     seen = []
-    hook = model.register_forward_pre_hook(
-        lambda _, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    hook = model.model.embed_tokens.register_forward_pre_hook(  # what every forward embeds
+        lambda _, args: seen.append(tuple(args[0].shape)))
     kwarg = cache_kwarg(model)
     model.config._attn_implementation = ROWS_ATTENTION if packed else "sdpa"
     cache = RowCache(model, 4, 128)
