@@ -7,15 +7,17 @@ F.linear, whose BLAS call for a few rows (a verify of K + 1 tokens, a batch of 1
 weight at a third to a half of the speed it reads it for one (SmolLM2's head: 13 GB/s at one
 token, 3.5-5.5 at 2-9). `llama_forward` computes the same function (the same modules'
 weights; the same norm, rotary and attention arithmetic, `rows_attention` for the rows) in a
-plain loop, its products of more than one token by oneDNN over each weight reordered once into a blocked layout
-(`_packed`: 15-22 GB/s at 1-3 tokens, 13-16 at 5-9; a copy of every linear weight, made on
-first use and again when the weight changes — SmolLM2 in float32: 0.54 GB more). Measured, one
-forward against transformers' on the same RowCache: SmolLM2 one row 61 against 70 ms, a
-3-token verify 58-71 against 120-143, 16 rows 117-122 against 165-177 (docs/benchmarks.md).
+plain loop, its products of more than one token by a large weight (`MIN_PACKED`) by oneDNN over
+the weight reordered once into a blocked layout (`_packed`: 15-22 GB/s at 1-3 tokens, 13-16 at
+5-9; a copy of those weights, made on first use and again when a weight changes — SmolLM2 in
+float32: ~0.5 GB more). One forward against transformers' on the same RowCache: SmolLM2 one
+row 61 against 70 ms, a 3-token verify 58-71 against 120-143, 16 rows 117-122 against 165-177
+(docs/benchmarks.md).
 
-For the models it is exact for (`fits`); every other model goes through transformers as before.
-Plain and speculative decoding both run it. Its logits differ from transformers' in the last
-bits (another product order), as a verify's already differ from a one-token step's.
+For the models whose function it computes (`fits`); every other model goes through
+transformers as before. Plain and speculative decoding both run it. Its logits differ from
+transformers' in the last bits (another product order), as a verify's already differ from a
+one-token step's.
 """
 from __future__ import annotations
 
@@ -31,11 +33,14 @@ from autospec.models.attention import ROWS_ATTENTION, rows_attention
 def fits(model: nn.Module) -> bool:
     """Whether `llama_forward` computes `model`'s function: transformers' LlamaForCausalLM with
     no biases (the head's included), a SiLU MLP, unscaled rotary, attention by sdpa or by
-    rows (the reference pair, SmolLM2, an early-exit view of either). Cached on the model."""
+    rows (the reference pair, SmolLM2, an early-exit view of either). The structure's check
+    is cached on the model."""
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attention not in ("sdpa", ROWS_ATTENTION):
+        return False  # read each time: a model's attention can be switched after loading
     cached = getattr(model, "_autospec_fits", None)
     if cached is not None:
         return cached
-    ok = False
     try:
         from transformers import LlamaForCausalLM
         cfg = model.config
@@ -43,8 +48,7 @@ def fits(model: nn.Module) -> bool:
               and not getattr(cfg, "mlp_bias", False) and cfg.hidden_act == "silu"
               and getattr(cfg, "pretraining_tp", 1) == 1
               and getattr(model.lm_head, "bias", None) is None
-              and getattr(model.model.rotary_emb, "attention_scaling", 1.0) == 1.0
-              and cfg._attn_implementation in ("sdpa", ROWS_ATTENTION))
+              and getattr(model.model.rotary_emb, "attention_scaling", 1.0) == 1.0)
     except (ImportError, AttributeError):
         ok = False
     model._autospec_fits = ok

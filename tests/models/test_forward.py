@@ -77,7 +77,9 @@ def test_a_weight_changed_in_place_is_read_again():
 def test_an_early_exit_view_fits_and_other_models_go_through_transformers():
     from transformers import GPT2Config, GPT2LMHeadModel
     model = random_llama(64, seed=4, layers=3)
-    assert fits(early_exit_view(model, 2))
+    assert fits(early_exit_view(model, 2)) and fits(model)
+    model.config._attn_implementation = "eager"  # switched after a first forward
+    assert not fits(model)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2)).eval()
     assert not fits(gpt2)
     biased = random_llama(64, seed=5)
