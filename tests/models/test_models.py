@@ -2,7 +2,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from autospec.models.pair import load_pair
 from autospec.paths import REFERENCE_DIR
+from conftest import REPO_ROOT
 
 
 def test_tiny_build_loads_with_transformers(tiny_dir):
@@ -68,14 +68,13 @@ def test_the_kernels_folder_does_not_shadow_the_kernels_distribution_from_the_ro
     # transformers >= 5.25 depends on Hugging Face's `kernels` and imports it by that name;
     # from the repository root (python -m, pytest) the root is on sys.path, where the folder
     # kernels/ answers to the same name
-    root = Path(__file__).resolve().parents[2]
     code = ("import importlib.metadata as m, sys\n"
             "try:\n    m.distribution('kernels')\nexcept m.PackageNotFoundError:\n    sys.exit(0)\n"
             "import kernels, autospec.kernels\n"
             "assert 'site-packages' in kernels.__file__, kernels.__file__\n"
             "assert autospec.kernels.greedy_verify\n"
             "import transformers.integrations.hub_kernels\n")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
 
 
 def test_random_rows_repeat_a_run_after_some_code():
