@@ -7,9 +7,9 @@ F.linear, whose BLAS call for a few rows (a verify of K + 1 tokens, a batch of 1
 weight at a third to a half of the speed it reads it for one (SmolLM2's head: 13 GB/s at one
 token, 3.5-5.5 at 2-9). `llama_forward` computes the same function (the same modules'
 weights; the same norm, rotary and attention arithmetic, `rows_attention` for the rows) in a
-plain loop, its products of more than one token by a large weight (`MIN_PACKED`) by oneDNN over
-the weight reordered once into a blocked layout (`_packed`: 15-22 GB/s at 1-3 tokens, 13-16 at
-5-9; a copy of those weights, made on first use and again when a weight changes — SmolLM2 in
+plain loop, its products by a large weight (`MIN_PACKED`; for one token `MIN_PACKED_ONE`) by
+oneDNN over the weight reordered once into a blocked layout (`_packed`: 15-22 GB/s at 1-3
+tokens, 13-16 at 5-9; a copy of those weights, made on first use and again when a weight changes — SmolLM2 in
 float32: ~0.5 GB more). One forward against transformers' on the same RowCache: SmolLM2 one
 row 61 against 70 ms, a 3-token verify 58-71 against 120-143, 16 rows 117-122 against 165-177
 (docs/benchmarks.md).
@@ -56,15 +56,12 @@ def fits(model: nn.Module) -> bool:
 
 
 def _linear(x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
-    """module(x), bias-free. Of more than one token by a weight of at least MIN_PACKED
-    elements, on a CPU in float32 without autograd, by oneDNN over a copy of the weight
-    reordered once into its blocked layout (`_packed`); elsewhere F.linear. One token stays
-    with F.linear: as fast on SmolLM2 (65.0 / 65.4 ms a forward, oneDNN / F.linear), faster on
-    the reference pair, whose small products oneDNN's call overhead outweighs (12.6 / 10.7 ms);
-    at 16 rows, 23.0 / 24.5 there."""
+    """module(x), bias-free. By a weight of at least MIN_PACKED elements (MIN_PACKED_ONE for
+    one token), on a CPU in float32 without autograd, by oneDNN over a copy of the weight
+    reordered once into its blocked layout (`_packed`); elsewhere F.linear."""
     weight = module.weight
-    if not (PACKS and x.numel() > x.shape[-1] and weight.numel() >= MIN_PACKED
-            and x.device.type == "cpu"
+    floor = MIN_PACKED if x.numel() > x.shape[-1] else MIN_PACKED_ONE
+    if not (PACKS and weight.numel() >= floor and x.device.type == "cpu"
             and weight.dtype == torch.float32
             and not (torch.is_grad_enabled() and weight.requires_grad)):
         return F.linear(x, weight)
@@ -98,6 +95,12 @@ PACK_HINT = 4
 # (a 16 x 16 weight at 3 tokens 32 against 4.4 us; 320 x 320, the reference pair's attention,
 # 62 against 55), which a larger weight's faster read repays (864 x 320: 61 against 123 us)
 MIN_PACKED = 1 << 18
+# one token (a plain step at batch 1) by oneDNN only from weights of this many elements:
+# SmolLM2's MLP and head (0.9M, 28M), the reference pair's head (1.3M), not its MLP (0.28M).
+# A one-row forward at one token, medians of 8 rounds of 10 (ms, F.linear for one token /
+# oneDNN from 2^18 / from 2^19 elements): SmolLM2 76.6 / 69.6 / 69.0, the reference pair
+# 10.9 / 11.3 / 10.5 (oneDNN's reads: SmolLM2's head 19-22 GB/s against F.linear's 11)
+MIN_PACKED_ONE = 1 << 19
 PACKS = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 

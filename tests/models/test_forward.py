@@ -17,6 +17,7 @@ STEPS = [
     ([[11], [12, 13, 14], [15], [16]], None),
     ([[17, 17], [18], [19], [20] * 5], None),
     ([[21], [22] * 30, [23], [24, 25]], [1, 0, 1, 2]),
+    ([[26]], None),  # one row, one token (a plain step at batch 1: MIN_PACKED_ONE's path)
 ]
 
 
@@ -24,6 +25,7 @@ STEPS = [
 def every_product_by_onednn(monkeypatch):
     """These models' weights are below MIN_PACKED: oneDNN for them too, as for SmolLM2's."""
     monkeypatch.setattr(forward, "MIN_PACKED", 0)
+    monkeypatch.setattr(forward, "MIN_PACKED_ONE", 0)
 
 
 def _forwards(model, ours: bool, keep_hidden: bool):
@@ -33,7 +35,7 @@ def _forwards(model, ours: bool, keep_hidden: bool):
     outs = []
     with torch.inference_mode():
         for feeds, scored in STEPS:
-            outs.append(cache.forward(model, cache_kwarg(model), slots, feeds, 128,
+            outs.append(cache.forward(model, cache_kwarg(model), slots[:len(feeds)], feeds, 128,
                                       scored=scored).clone())
             for slot, feed in zip(slots, feeds):
                 cache.lengths[slot] += len(feed)
