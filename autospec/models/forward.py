@@ -7,10 +7,11 @@ F.linear, whose BLAS call for a few rows (a verify of K + 1 tokens, a batch of 1
 weight at a third to a half of the speed it reads it for one (SmolLM2's head: 13 GB/s at one
 token, 3.5-5.5 at 2-9). `llama_forward` computes the same function (the same modules'
 weights; the same norm, rotary and attention arithmetic, `rows_attention` for the rows) in a
-plain loop, its products by a large weight (`MIN_PACKED`; for one token `MIN_PACKED_ONE`) by
-oneDNN over the weight reordered once into a blocked layout (`_packed`: 15-22 GB/s at 1-3
-tokens, 13-16 at 5-9; a copy of those weights, made on first use and again when a weight changes — SmolLM2 in
-float32: ~0.5 GB more). One forward against transformers' on the same RowCache: SmolLM2 one
+plain loop: a layer's Q, K and V in one product, its gate and up in one (their weights
+stacked), Q and K rotated together; products by a large weight (`MIN_PACKED`; for one token
+`MIN_PACKED_ONE`) by oneDNN over the weight reordered once into a blocked layout (`_Weights`:
+15-22 GB/s at 1-3 tokens, 13-16 at 5-9; a copy of those weights, made on first use and again
+when a weight changes — SmolLM2 in float32: ~0.5 GB more). One forward against transformers' on the same RowCache: SmolLM2 one
 row 61 against 70 ms, a 3-token verify 58-71 against 120-143, 16 rows 117-122 against 165-177
 (docs/benchmarks.md).
 
@@ -55,36 +56,72 @@ def fits(model: nn.Module) -> bool:
     return ok
 
 
-def _linear(x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
-    """module(x), bias-free. By a weight of at least MIN_PACKED elements (MIN_PACKED_ONE for
-    one token), on a CPU in float32 without autograd, by oneDNN over a copy of the weight
-    reordered once into its blocked layout (`_packed`); elsewhere F.linear."""
-    weight = module.weight
+def _linear(x: torch.Tensor, *modules: nn.Linear) -> torch.Tensor:
+    """The modules' outputs side by side (torch.cat([m(x) for m in modules], -1)), bias-free,
+    as one product by their weights stacked (`_Weights`): a layer's Q, K and V, its gate and up.
+    By a weight of at least MIN_PACKED elements (MIN_PACKED_ONE for one token), on a CPU in
+    float32 without autograd, by oneDNN over a copy of the weight reordered once into its
+    blocked layout; elsewhere F.linear."""
+    if torch.is_grad_enabled() and any(m.weight.requires_grad for m in modules):
+        return torch.cat([F.linear(x, m.weight) for m in modules], -1)  # gradients reach each
+    weights = _weights(modules)
     floor = MIN_PACKED if x.numel() > x.shape[-1] else MIN_PACKED_ONE
-    if not (PACKS and weight.numel() >= floor and x.device.type == "cpu"
-            and weight.dtype == torch.float32
-            and not (torch.is_grad_enabled() and weight.requires_grad)):
-        return F.linear(x, weight)
+    if not (PACKS and weights.size >= floor and x.device.type == "cpu"
+            and weights.dtype == torch.float32):
+        return F.linear(x, weights.plain(modules))
     flat = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.ops.mkldnn._linear_pointwise(flat, _packed(module), None, "none", [], "")
-    return out.view(*x.shape[:-1], weight.shape[0])
+    out = torch.ops.mkldnn._linear_pointwise(flat, weights.packed(modules), None, "none", [], "")
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def _packed(module: nn.Linear) -> torch.Tensor:
-    """The module's weight reordered for oneDNN, made again when the weight changed."""
-    weight = module.weight
-    key = (weight.data_ptr(), weight._version)
-    cached = _PACKED.get(module)
-    if cached is None or cached[0] != key:
-        with torch.no_grad():
-            cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT))
-        _PACKED[module] = cached
-    return cached[1]
+class _Weights:
+    """One product's weight, the modules' stacked: made when first read, again when a module's
+    weight changed (its address or version). Only the forms read are kept: a stacked plain
+    copy where F.linear reads it (weights under the oneDNN floors: small), the oneDNN copy where
+    oneDNN does; a single module's plain weight is its own."""
+
+    def __init__(self, modules: tuple[nn.Linear, ...]):
+        self.key = _key(modules)
+        self.size = sum(m.weight.numel() for m in modules)
+        self.dtype = modules[0].weight.dtype
+        self._plain: torch.Tensor | None = None
+        self._packed: torch.Tensor | None = None
+
+    def plain(self, modules: tuple[nn.Linear, ...]) -> torch.Tensor:
+        if len(modules) == 1:
+            return modules[0].weight
+        if self._plain is None:
+            self._plain = _stack(modules)
+        return self._plain
+
+    def packed(self, modules: tuple[nn.Linear, ...]) -> torch.Tensor:
+        if self._packed is None:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(_stack(modules), PACK_HINT)
+        return self._packed
 
 
-# module -> ((weight's address, version), packed weight); beside the module, not on it: an
-# opaque oneDNN tensor cannot be deep-copied, saved or moved as the module's own tensors are
-_PACKED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+def _key(modules: tuple[nn.Linear, ...]) -> tuple:
+    return tuple((m.weight.data_ptr(), m.weight._version) for m in modules)
+
+
+def _stack(modules: tuple[nn.Linear, ...]) -> torch.Tensor:
+    with torch.no_grad():
+        weights = [m.weight.detach() for m in modules]
+        return weights[0] if len(weights) == 1 else torch.cat(weights)
+
+
+def _weights(modules: tuple[nn.Linear, ...]) -> _Weights:
+    """The product's `_Weights`, kept by its first module and the number stacked."""
+    kept = _PRODUCTS.setdefault(modules[0], {})
+    weights = kept.get(len(modules))
+    if weights is None or weights.key != _key(modules):
+        weights = kept[len(modules)] = _Weights(modules)
+    return weights
+
+
+# first module -> {modules stacked: _Weights}; beside the modules, not on them: an opaque
+# oneDNN tensor cannot be deep-copied, saved or moved as a module's own tensors are
+_PRODUCTS: "weakref.WeakKeyDictionary[nn.Module, dict[int, _Weights]]" = weakref.WeakKeyDictionary()
 
 
 # oneDNN's reorder takes the batch it is laid out for; 2-32 read SmolLM2's and the reference
@@ -131,17 +168,19 @@ def llama_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids
     batch, width = input_ids.shape
     for index, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
+        heads = attn.q_proj.out_features // attn.head_dim
+        kv_heads = attn.k_proj.out_features // attn.head_dim
         h = _norm(x, layer.input_layernorm.weight, eps)
-        q = _linear(h, attn.q_proj).view(batch, width, -1, attn.head_dim).transpose(1, 2)
-        k = _linear(h, attn.k_proj).view(batch, width, -1, attn.head_dim).transpose(1, 2)
-        v = _linear(h, attn.v_proj).view(batch, width, -1, attn.head_dim).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        k, v = cache.layers[index].update(k, v)
-        out, _ = rows_attention(attn, q, k, v, attention_mask, scaling=attn.scaling, dropout=0.0)
+        qkv = _linear(h, attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv = qkv.view(batch, width, -1, attn.head_dim).transpose(1, 2)  # (B, H + 2 H_kv, T, D)
+        qk = _rotate(qkv[:, :heads + kv_heads], cos, sin)  # Q's heads and K's, rotated at once
+        k, v = cache.layers[index].update(qk[:, heads:], qkv[:, heads + kv_heads:])
+        out, _ = rows_attention(attn, qk[:, :heads], k, v, attention_mask,
+                                scaling=attn.scaling, dropout=0.0)
         x = x + _linear(out.reshape(batch, width, -1), attn.o_proj)
         h = _norm(x, layer.post_attention_layernorm.weight, eps)
-        x = x + _linear(F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj),
-                         mlp.down_proj)
+        gate, up = _linear(h, mlp.gate_proj, mlp.up_proj).split(mlp.gate_proj.out_features, -1)
+        x = x + _linear(F.silu(gate) * up, mlp.down_proj)
     hidden = _norm(x, base.norm.weight, eps)
     if isinstance(logits_to_keep, int) and logits_to_keep:
         scored = hidden[:, -logits_to_keep:]

@@ -43,11 +43,22 @@ def _forwards(model, ours: bool, keep_hidden: bool):
     return outs + ([cache.hidden.clone()] if keep_hidden else [])
 
 
+def grouped_llama():
+    """4 query heads over 2 key/value heads, as SmolLM2's 9 over 3 (random_llama's are 2 and 2):
+    the stacked Q, K, V product is split where the heads are."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(7)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        eos_token_id=None, bos_token_id=None, pad_token_id=None)).eval()
+
+
 @pytest.mark.parametrize("keep_hidden", [False, True])
 @pytest.mark.parametrize("packed", [False, True])
-def test_the_llama_forward_gives_transformers_logits_and_features(keep_hidden, packed):
-    model = random_llama(64, seed=3, layers=3)
-    model.config.num_key_value_heads = 2
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_llama_forward_gives_transformers_logits_and_features(keep_hidden, packed, grouped):
+    model = grouped_llama() if grouped else random_llama(64, seed=3, layers=3)
     if packed:
         assert pack_rows(model)
     assert fits(model)
@@ -71,6 +82,8 @@ def test_a_weight_changed_in_place_is_read_again():
     with torch.no_grad():
         model.lm_head.weight.mul_(-1.0)  # the head's packed copy is stale: the logits flip
         model.model.layers[0].mlp.down_proj.weight.add_(0.5)
+        model.model.layers[1].self_attn.k_proj.weight.add_(0.25)  # one of a stacked product's
+        model.model.layers[1].mlp.up_proj.weight.mul_(2.0)
     ours, theirs = _forwards(model, True, False), _forwards(model, False, False)
     assert not torch.allclose(first[0], ours[0])
     torch.testing.assert_close(ours[0], theirs[0], rtol=1e-4, atol=1e-5)
