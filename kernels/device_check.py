@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--skip-tests", action="store_true", help="leave out step 1")
     parser.add_argument("--pairs", default="reference,smollm2",
-                        help="the pairs whose plain step step 3 times (comma-separated)")
+                        help="pairs whose plain step is timed (step 3; comma-separated)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'no CUDA device: CPU'}")

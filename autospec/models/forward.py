@@ -11,9 +11,9 @@ plain loop: a layer's Q, K and V in one product, its gate and up in one (their w
 stacked), Q and K rotated together; products by a large weight (`MIN_PACKED`; for one token
 `MIN_PACKED_ONE`) by oneDNN over the weight reordered once into a blocked layout (`_Weights`:
 15-22 GB/s at 1-3 tokens, 13-16 at 5-9; a copy of those weights, made on first use and again
-when a weight changes — SmolLM2 in float32: ~0.5 GB more). One forward against transformers' on the same RowCache: SmolLM2 one
-row 61 against 70 ms, a 3-token verify 58-71 against 120-143, 16 rows 117-122 against 165-177
-(docs/benchmarks.md).
+when a weight changes — SmolLM2 in float32: ~0.5 GB more). One forward against transformers'
+on the same RowCache: SmolLM2 one row 61 against 70 ms, a 3-token verify 58-71 against
+120-143, 16 rows 117-122 against 165-177 (docs/benchmarks.md).
 
 For the models whose function it computes (`fits`); every other model goes through
 transformers as before. Plain and speculative decoding both run it. Its logits differ from
@@ -112,7 +112,9 @@ def _stack(modules: tuple[nn.Linear, ...]) -> torch.Tensor:
 
 def _weights(modules: tuple[nn.Linear, ...]) -> _Weights:
     """The product's `_Weights`, kept by its first module and the number stacked."""
-    kept = _PRODUCTS.setdefault(modules[0], {})
+    kept = _PRODUCTS.get(modules[0])
+    if kept is None:
+        kept = _PRODUCTS[modules[0]] = {}
     weights = kept.get(len(modules))
     if weights is None or weights.key != _key(modules):
         weights = kept[len(modules)] = _Weights(modules)
