@@ -13,7 +13,11 @@ stacked), Q and K rotated together; products by a large weight (`MIN_PACKED`; fo
 15-22 GB/s at 1-3 tokens, 13-16 at 5-9; a copy of those weights, made on first use and again
 when a weight changes — SmolLM2 in float32: ~0.5 GB more). One forward against transformers'
 on the same RowCache: SmolLM2 one row 61 against 70 ms, a 3-token verify 58-71 against
-120-143, 16 rows 117-122 against 165-177 (docs/benchmarks.md).
+120-143, 16 rows 117-122 against 165-177 (docs/benchmarks.md). What it reads of the model
+(modules, weights, head counts) it looks up once (`_Plan`), checked each forward in one pass;
+a one-token step at one row attends without a mask (`_one_token_attention`), and in float32
+the norm is torch's fused rms_norm (both the same bits): a one-row one-token forward of the
+reference pair 10.4 -> 8.6 ms, SmolLM2 53 -> 46.5 (alternated in one process).
 
 For the models whose function it computes (`fits`); every other model goes through
 transformers as before. Plain and speculative decoding both run it. Its logits differ from
@@ -22,6 +26,7 @@ one-token step's.
 """
 from __future__ import annotations
 
+import operator
 import weakref
 
 import torch
@@ -56,22 +61,27 @@ def fits(model: nn.Module) -> bool:
     return ok
 
 
-def _linear(x: torch.Tensor, *modules: nn.Linear) -> torch.Tensor:
-    """The modules' outputs side by side (torch.cat([m(x) for m in modules], -1)), bias-free,
-    as one product by their weights stacked (`_Weights`): a layer's Q, K and V, its gate and up.
-    By a weight of at least MIN_PACKED elements (MIN_PACKED_ONE for one token), on a CPU in
-    float32 without autograd, by oneDNN over a copy of the weight reordered once into its
-    blocked layout; elsewhere F.linear."""
-    if torch.is_grad_enabled() and any(m.weight.requires_grad for m in modules):
-        return torch.cat([F.linear(x, m.weight) for m in modules], -1)  # gradients reach each
-    weights = _weights(modules)
-    floor = MIN_PACKED if x.numel() > x.shape[-1] else MIN_PACKED_ONE
-    if not (PACKS and weights.size >= floor and x.device.type == "cpu"
-            and weights.dtype == torch.float32):
-        return F.linear(x, weights.plain(modules))
-    flat = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.ops.mkldnn._linear_pointwise(flat, weights.packed(modules), None, "none", [], "")
-    return out.view(*x.shape[:-1], out.shape[-1])
+class _Product:
+    """A product by one or more bias-free modules, their outputs side by side
+    (torch.cat([m(x) for m in modules], -1)): a layer's Q, K and V, its gate and up, in one
+    product by their weights stacked (`_Weights`). By a weight of at least MIN_PACKED elements
+    (MIN_PACKED_ONE for one token), on a CPU in float32 without autograd, by oneDNN over a copy
+    of the weight reordered once into its blocked layout; elsewhere F.linear."""
+
+    def __init__(self, *modules: nn.Linear):
+        self.modules = modules
+        self.weights = _weights(modules)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        modules, weights = self.modules, self.weights
+        if torch.is_grad_enabled() and any(m.weight.requires_grad for m in modules):
+            return torch.cat([F.linear(x, m.weight) for m in modules], -1)  # gradients reach each
+        floor = MIN_PACKED if x.numel() > x.shape[-1] else MIN_PACKED_ONE
+        if not (weights.packs and weights.size >= floor):
+            return F.linear(x, weights.plain(modules))
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        out = torch.ops.mkldnn._linear_pointwise(flat, weights.packed(modules), None, "none", [], "")
+        return out.view(*x.shape[:-1], out.shape[-1])
 
 
 class _Weights:
@@ -83,13 +93,12 @@ class _Weights:
     def __init__(self, modules: tuple[nn.Linear, ...]):
         self.key = _key(modules)
         self.size = sum(m.weight.numel() for m in modules)
-        self.dtype = modules[0].weight.dtype
+        weight = modules[0].weight
+        self.packs = PACKS and weight.dtype == torch.float32 and weight.device.type == "cpu"
         self._plain: torch.Tensor | None = None
         self._packed: torch.Tensor | None = None
 
     def plain(self, modules: tuple[nn.Linear, ...]) -> torch.Tensor:
-        if len(modules) == 1:
-            return modules[0].weight
         if self._plain is None:
             self._plain = _stack(modules)
         return self._plain
@@ -143,8 +152,84 @@ MIN_PACKED_ONE = 1 << 19
 PACKS = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+class _Layer:
+    """One decoder layer as llama_forward reads it; `members` gathers what was read."""
+
+    def __init__(self, layer: nn.Module, members: list):
+        attn, mlp = _read(members, layer, "self_attn"), _read(members, layer, "mlp")
+        self.attn, self.head_dim, self.scaling = attn, attn.head_dim, attn.scaling
+        q, k, v, o = (_read(members, attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        gate, up, down = (_read(members, mlp, name) for name in ("gate_proj", "up_proj", "down_proj"))
+        for module in (q, k, v, o, gate, up, down):
+            _read(members, module, "weight")
+        self.heads, self.kv_heads = q.out_features // attn.head_dim, k.out_features // attn.head_dim
+        self.input_norm = _read(members, layer, "input_layernorm", "weight")
+        self.post_norm = _read(members, layer, "post_attention_layernorm", "weight")
+        self.qkv, self.o = _Product(q, k, v), _Product(o)
+        self.gate_up, self.down = _Product(gate, up), _Product(down)
+        self.split = gate.out_features
+
+
+class _Plan:
+    """What llama_forward reads of a model, looked up once: per layer its norms' weights, its
+    products and head counts, the final norm, the head. Read through nn.Module attributes
+    (~1 us each) and checked per product (`_weights`, 3-8 us) every step, they cost about a
+    tenth of the reference pair's one-token step. `current` says whether the plan still
+    holds: every module and weight it read is where it was (the same object in its parent's
+    dict), each weight at the same address and version (an in-place change, a move)."""
+
+    def __init__(self, model: nn.Module):
+        members: list = []
+        base = _read(members, model, "model")
+        self.embed, self.rotary = _read(members, base, "embed_tokens"), _read(members, base, "rotary_emb")
+        _read(members, self.embed, "weight")
+        layers = _read(members, base, "layers")
+        self.layers = [_Layer(_read(members, layers, str(i)), members) for i in range(len(layers))]
+        self.norm = _read(members, base, "norm", "weight")
+        self.head = _Product(_read(members, model, "lm_head"))
+        _read(members, model.lm_head, "weight")
+        self.eps = model.config.rms_norm_eps
+        self.parents, self.names, self.members = (list(column) for column in zip(*members))
+        self.weights = [w for w in self.members if isinstance(w, torch.Tensor)]
+        self.addresses, self.versions = self._state()
+        self.depth, self.layer_list = len(layers), layers
+
+    def _state(self) -> tuple[list[int], list[int]]:
+        return [w.data_ptr() for w in self.weights], [w._version for w in self.weights]
+
+    def current(self) -> bool:
+        return (all(map(operator.is_, map(dict.get, self.parents, self.names), self.members))
+                and self._state() == (self.addresses, self.versions)
+                and len(self.layer_list) == self.depth)
+
+
+def _read(members: list, module: nn.Module, *path: str):
+    """module.path[0].path[1]..., each step noted in `members` as (its parent's dict, name,
+    object) for _Plan.current."""
+    for name in path:
+        where = module._parameters if name in module._parameters else module._modules
+        module = where[name]
+        members.append((where, name, module))
+    return module
+
+
+def _plan(model: nn.Module) -> _Plan:
+    plan = _PLANS.get(model)
+    if plan is None or not plan.current():
+        plan = _PLANS[model] = _Plan(model)
+    return plan
+
+
+# model -> its _Plan; beside the model, as _PRODUCTS is (a plan holds oneDNN tensors)
+_PLANS: "weakref.WeakKeyDictionary[nn.Module, _Plan]" = weakref.WeakKeyDictionary()
+
+
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """LlamaRMSNorm's arithmetic, float32 inside, as transformers computes it."""
+    """LlamaRMSNorm's arithmetic, float32 inside, as transformers computes it (for float32
+    torch's fused rms_norm: the same bits, measured on both pairs' shapes, ~7 us a call
+    sooner)."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     dtype = x.dtype
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -156,39 +241,54 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def _one_token_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         scaling: float) -> torch.Tensor:
+    """One row's one query (1, H, 1, D) over its cache (1, H_kv, span, D): every position
+    is visible, so sdpa without a mask, a key/value head's query heads as its queries (what
+    transformers' sdpa does at one token, less its mask): the same bits, 10-20 us a layer
+    sooner. Returns (1, 1, H, D)."""
+    heads, dim = query.shape[1], query.shape[3]
+    kv_heads = key.shape[1]
+    out = F.scaled_dot_product_attention(query.reshape(1, kv_heads, heads // kv_heads, dim),
+                                         key, value, scale=scaling)
+    return out.reshape(1, heads, 1, dim).transpose(1, 2)
+
+
 def llama_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids: torch.Tensor,
                   attention_mask: torch.Tensor, logits_to_keep=None,
                   output_hidden_states: bool = False):
     """Logits (B, T', V) of input_ids (B, T) written into `cache` (a bound RowCache) — and,
     with output_hidden_states, the last hidden state (B, T, D) after the final norm — as
     transformers' LlamaForCausalLM forward returns them for the same arguments."""
-    base, cfg = model.model, model.config
-    eps = cfg.rms_norm_eps
-    x = base.embed_tokens(input_ids)
-    cos, sin = base.rotary_emb(x, position_ids)
+    plan = _plan(model)
+    eps = plan.eps
+    x = plan.embed(input_ids)
+    cos, sin = plan.rotary(x, position_ids)
     cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D): broadcast over heads
     batch, width = input_ids.shape
-    for index, layer in enumerate(base.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        heads = attn.q_proj.out_features // attn.head_dim
-        kv_heads = attn.k_proj.out_features // attn.head_dim
-        h = _norm(x, layer.input_layernorm.weight, eps)
-        qkv = _linear(h, attn.q_proj, attn.k_proj, attn.v_proj)
-        qkv = qkv.view(batch, width, -1, attn.head_dim).transpose(1, 2)  # (B, H + 2 H_kv, T, D)
+    # one row, one token (a plain step at batch 1): its mask hides nothing
+    one = batch == 1 and width == 1
+    for index, layer in enumerate(plan.layers):
+        heads, kv_heads = layer.heads, layer.kv_heads
+        h = _norm(x, layer.input_norm, eps)
+        qkv = layer.qkv(h).view(batch, width, -1, layer.head_dim).transpose(1, 2)  # (B, H + 2 H_kv, T, D)
         qk = _rotate(qkv[:, :heads + kv_heads], cos, sin)  # Q's heads and K's, rotated at once
         k, v = cache.layers[index].update(qk[:, heads:], qkv[:, heads + kv_heads:])
-        out, _ = rows_attention(attn, qk[:, :heads], k, v, attention_mask,
-                                scaling=attn.scaling, dropout=0.0)
-        x = x + _linear(out.reshape(batch, width, -1), attn.o_proj)
-        h = _norm(x, layer.post_attention_layernorm.weight, eps)
-        gate, up = _linear(h, mlp.gate_proj, mlp.up_proj).split(mlp.gate_proj.out_features, -1)
-        x = x + _linear(F.silu(gate) * up, mlp.down_proj)
-    hidden = _norm(x, base.norm.weight, eps)
+        if one:
+            out = _one_token_attention(qk[:, :heads], k, v, layer.scaling)
+        else:
+            out, _ = rows_attention(layer.attn, qk[:, :heads], k, v, attention_mask,
+                                    scaling=layer.scaling, dropout=0.0)
+        x = x + layer.o(out.reshape(batch, width, -1))
+        h = _norm(x, layer.post_norm, eps)
+        gate, up = layer.gate_up(h).split(layer.split, -1)
+        x = x + layer.down(F.silu(gate) * up)
+    hidden = _norm(x, plan.norm, eps)
     if isinstance(logits_to_keep, int) and logits_to_keep:
         scored = hidden[:, -logits_to_keep:]
     elif isinstance(logits_to_keep, torch.Tensor):
         scored = hidden[:, logits_to_keep]
     else:
         scored = hidden
-    logits = _linear(scored, model.lm_head)
+    logits = plan.head(scored)
     return (logits, hidden) if output_hidden_states else logits
