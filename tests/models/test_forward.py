@@ -89,6 +89,27 @@ def test_a_weight_changed_in_place_is_read_again():
     torch.testing.assert_close(ours[0], theirs[0], rtol=1e-4, atol=1e-5)
 
 
+def test_a_module_or_weight_replaced_is_read_again():
+    """The forward looks a model's modules and weights up once (forward._Plan): a module or a
+    weight put in place of another after a first forward is what the next forward reads."""
+    model = random_llama(64, seed=8, layers=2)
+    first = _forwards(model, True, False)
+    with torch.no_grad():
+        head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=False)
+        head.weight.copy_(-model.lm_head.weight)
+        model.lm_head = head
+        mlp = model.model.layers[1].mlp
+        mlp.gate_proj.weight = torch.nn.Parameter(mlp.gate_proj.weight * 3.0)
+        model.model.layers[0].input_layernorm.weight = torch.nn.Parameter(
+            model.model.layers[0].input_layernorm.weight + 1.0)
+    ours, theirs = _forwards(model, True, False), _forwards(model, False, False)
+    assert not torch.allclose(first[0], ours[0])
+    for a, b in zip(ours, theirs):
+        assert a.shape == b.shape
+    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ours[-1][0, 0], theirs[-1][0, 0], rtol=1e-4, atol=1e-5)
+
+
 def test_an_early_exit_view_fits_and_other_models_go_through_transformers():
     from transformers import GPT2Config, GPT2LMHeadModel
     model = random_llama(64, seed=4, layers=3)
