@@ -80,9 +80,10 @@ class Bound:
     # layer's K and V up to the span (at 16 rows it tripled a step: engine/loop.py feeds
     # its rows in slot order)
     first: int | None
-    write_slot: torch.Tensor  # (N,) slot of each real (non-padding) input token
-    write_pos: torch.Tensor  # (N,) its cache position
-    valid: torch.Tensor  # (n, T) bool, a real token and not padding
+    # (None for one row: its `window`)
+    write_slot: torch.Tensor | None  # (N,) slot of each real (non-padding) input token
+    write_pos: torch.Tensor | None  # (N,) its cache position
+    valid: torch.Tensor | None  # (n, T) bool, a real token and not padding
     span: int  # cache positions read: max over rows of length_i + tokens_i
     # one row (a batch of one, a prefill, a per-request drafter): (slot, start, stop), its
     # tokens written as a slice, the same entries as the indexed write — which made a plain
@@ -215,12 +216,46 @@ class RowCache(Cache):
              position_limit: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Set up a forward of rows `slots` feeding n_tokens[i] real tokens each (padded to T).
         Returns position_ids (n, T) and the additive mask (n, 1, T, span)."""
+        if len(slots) == 1:
+            return self._bind_one(slots[0], n_tokens[0], position_limit)
         lengths = torch.tensor([self.lengths[s] for s in slots])
         counts = torch.tensor(list(n_tokens))
         offsets = torch.arange(int(counts.max()))
         valid = offsets[None, :] < counts[:, None]  # (n, T)
         positions = lengths[:, None] + offsets[None, :]  # (n, T)
         span = int((lengths + counts).max())
+        self._room(span)
+        slot_ids = torch.tensor(list(slots))
+        first = slots[0] if list(slots) == list(range(slots[0], slots[0] + len(slots))) else None
+        self.bound = Bound(slot_ids.to(self.device), first,
+                           slot_ids[:, None].expand_as(valid)[valid].to(self.device),
+                           positions[valid].to(self.device), valid.to(self.device), span)
+        # row i's query t (position length_i + t) sees cache positions 0 .. length_i + t
+        allowed = torch.arange(span)[None, None, :] <= positions[:, :, None]  # (n, T, span)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        # padding may run past the model's positions (learned embeddings): its output is unused
+        position_ids = positions.clamp(max=position_limit - 1)
+        return position_ids.to(self.device), mask[:, None].to(self.device)
+
+    def _bind_one(self, slot: int, count: int, position_limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`bind` for one row (a batch of one, a prefill, a per-request drafter): its tokens a
+        window of its slot, its mask causal over them only — the same tensors as the rows'
+        way, in a few ops (that way took ~0.2 ms, 2 % of the reference pair's plain step)."""
+        start = self.lengths[slot]
+        span = start + count
+        self._room(span)
+        self.bound = Bound(torch.tensor([slot], device=self.device), slot, None, None, None, span,
+                           (slot, start, span))
+        positions = torch.arange(start, span, device=self.device)[None].clamp(max=position_limit - 1)
+        mask = torch.zeros((1, 1, count, span), dtype=self.dtype, device=self.device)
+        if count > 1:  # query t sees its row up to position start + t
+            later = torch.ones((count, count), dtype=torch.bool, device=self.device).triu_(1)
+            mask[0, 0, :, start:].masked_fill_(later, torch.finfo(self.dtype).min)
+        return positions, mask
+
+    def _room(self, span: int) -> None:
+        """Every slot's store holds `span` positions (grown, the cached ones copied)."""
         if span > self.max_len:
             raise ValueError(f"a row would reach position {span}; rows hold {self.max_len} (max_len)")
         if span > self.capacity:
@@ -231,22 +266,6 @@ class RowCache(Cache):
                 old = self.hidden
                 self.hidden = old.new_zeros((old.shape[0], self.capacity, old.shape[2]))
                 self.hidden[:, :old.shape[1]] = old
-        slot_ids = torch.tensor(list(slots))
-        first = slots[0] if list(slots) == list(range(slots[0], slots[0] + len(slots))) else None
-        window = None
-        if len(slots) == 1:
-            start = self.lengths[slots[0]]
-            window = (slots[0], start, start + n_tokens[0])
-        self.bound = Bound(slot_ids.to(self.device), first,
-                           slot_ids[:, None].expand_as(valid)[valid].to(self.device),
-                           positions[valid].to(self.device), valid.to(self.device), span, window)
-        # row i's query t (position length_i + t) sees cache positions 0 .. length_i + t
-        allowed = torch.arange(span)[None, None, :] <= positions[:, :, None]  # (n, T, span)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        # padding may run past the model's positions (learned embeddings): its output is unused
-        position_ids = positions.clamp(max=position_limit - 1)
-        return position_ids.to(self.device), mask[:, None].to(self.device)
 
     def forward(self, model, kwarg: str, slots: Sequence[int], inputs: Sequence[list[int]],
                 position_limit: int, last: int | None = None, scored: Sequence[int] | None = None,
