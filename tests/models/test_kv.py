@@ -93,3 +93,24 @@ def test_grouped_attention_is_sdpas_with_shared_kv_heads_and_the_rows_mask():
     torch.testing.assert_close(grouped_attention(query, key, value, mask, 0.3), expected)
     out, _ = rows_attention(Module(), query, key, value, mask, scaling=0.3, dropout=0.0)
     torch.testing.assert_close(out, expected)
+
+
+def test_one_rows_bind_gives_the_rows_positions_and_mask():
+    """A row bound alone (RowCache._bind_one, a window) gets the positions and causal mask the
+    rows' way gives it beside another row: prefills, one token, a verify, past a start."""
+    cache = RowCache(random_llama(64, seed=3, layers=2), 3, 100)
+    for _ in range(3):
+        cache.claim()
+    for slot, start, count in ((0, 0, 7), (1, 5, 1), (2, 40, 4), (1, 9, 17)):
+        cache.lengths[slot] = start
+        positions, mask = cache.bind([slot], [count], 100)
+        assert cache.bound.window == (slot, start, start + count)
+        cache.bound = None
+        other = (slot + 1) % 3
+        cache.lengths[other] = 0
+        rows = sorted([slot, other])
+        both_positions, both_mask = cache.bind(rows, [count, count], 100)
+        cache.bound = None
+        row = rows.index(slot)
+        assert torch.equal(positions, both_positions[row:row + 1])
+        assert torch.equal(mask, both_mask[row:row + 1, :, :, :start + count])
