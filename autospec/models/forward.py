@@ -15,7 +15,7 @@ when a weight changes — SmolLM2 in float32: ~0.5 GB more). One forward against
 on the same RowCache: SmolLM2 one row 61 against 70 ms, a 3-token verify 58-71 against
 120-143, 16 rows 117-122 against 165-177 (docs/benchmarks.md). What it reads of the model
 (modules, weights, head counts) it looks up once (`_Plan`), checked each forward in one pass;
-a one-token step at one row attends without a mask (`_one_token_attention`), and in float32
+a one-token step at one row attends without a mask (`one_row_attention`), and in float32
 the norm is torch's fused rms_norm (both the same bits): a one-row one-token forward of the
 reference pair 10.4 -> 8.6 ms, SmolLM2 53 -> 46.5 (alternated in one process).
 
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autospec.models.attention import ROWS_ATTENTION, rows_attention
+from autospec.models.attention import ROWS_ATTENTION, one_row_attention, rows_attention
 
 
 def fits(model: nn.Module) -> bool:
@@ -241,19 +241,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def _one_token_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         scaling: float) -> torch.Tensor:
-    """One row's one query (1, H, 1, D) over its cache (1, H_kv, span, D): every position
-    is visible, so sdpa without a mask, a key/value head's query heads as its queries (what
-    transformers' sdpa does at one token, less its mask): the same bits, 10-20 us a layer
-    sooner. Returns (1, 1, H, D)."""
-    heads, dim = query.shape[1], query.shape[3]
-    kv_heads = key.shape[1]
-    out = F.scaled_dot_product_attention(query.reshape(1, kv_heads, heads // kv_heads, dim),
-                                         key, value, scale=scaling)
-    return out.reshape(1, heads, 1, dim).transpose(1, 2)
-
-
 def llama_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids: torch.Tensor,
                   attention_mask: torch.Tensor, logits_to_keep=None,
                   output_hidden_states: bool = False):
@@ -275,7 +262,7 @@ def llama_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids
         qk = _rotate(qkv[:, :heads + kv_heads], cos, sin)  # Q's heads and K's, rotated at once
         k, v = cache.layers[index].update(qk[:, heads:], qkv[:, heads + kv_heads:])
         if one:
-            out = _one_token_attention(qk[:, :heads], k, v, layer.scaling)
+            out = one_row_attention(qk[:, :heads], k, v, None, layer.scaling)
         else:
             out, _ = rows_attention(layer.attn, qk[:, :heads], k, v, attention_mask,
                                     scaling=layer.scaling, dropout=0.0)
