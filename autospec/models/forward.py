@@ -16,7 +16,7 @@ on the same RowCache: SmolLM2 one row 61 against 70 ms, a 3-token verify 58-71 a
 120-143, 16 rows 117-122 against 165-177 (docs/benchmarks.md). What it reads of the model
 (modules, weights, head counts) it looks up once (`_Plan`), checked each forward in one pass;
 a one-token step at one row attends without a mask (`one_row_attention`), and in float32
-the norm is torch's fused rms_norm (both the same bits): a one-row one-token forward of the
+the norm is torch's rms_norm (both the same bits): a one-row one-token forward of the
 reference pair 10.4 -> 8.6 ms, SmolLM2 53 -> 46.5 (alternated in one process).
 
 For the models whose function it computes (`fits`); every other model goes through
@@ -226,8 +226,8 @@ _PLANS: "weakref.WeakKeyDictionary[nn.Module, _Plan]" = weakref.WeakKeyDictionar
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LlamaRMSNorm's arithmetic, float32 inside, as transformers computes it (for float32
-    torch's fused rms_norm: the same bits, measured on both pairs' shapes, ~7 us a call
-    sooner)."""
+    torch's rms_norm: the same bits, measured on both pairs' shapes; on the CPU a composite of
+    the same kernels, not a fused one, ~7 us a call sooner in a loop)."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     dtype = x.dtype
