@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autospec.models.attention import ROWS_ATTENTION, one_row_attention, rows_attention
+from autospec.models.shared_draft import SubsetHead
 
 
 def fits(model: nn.Module) -> bool:
@@ -188,6 +189,8 @@ class _Plan:
         self.norm = _read(members, base, "norm", "weight")
         self.head = _Product(_read(members, model, "lm_head"))
         _read(members, model.lm_head, "weight")
+        # a shared draft's head scores a subset (its weight's rows): widened to the vocabulary
+        self.subset = model.lm_head if isinstance(model.lm_head, SubsetHead) else None
         self.eps = model.config.rms_norm_eps
         self.parents, self.names, self.members = (list(column) for column in zip(*members))
         self.weights = [w for w in self.members if isinstance(w, torch.Tensor)]
@@ -278,4 +281,6 @@ def llama_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids
     else:
         scored = hidden
     logits = plan.head(scored)
+    if plan.subset is not None:
+        logits = plan.subset.widen(logits)
     return (logits, hidden) if output_hidden_states else logits

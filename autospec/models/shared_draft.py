@@ -50,7 +50,10 @@ class SubsetHead(nn.Module):
         return F.linear(hidden, self.weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        small = self.subset_logits(hidden)
+        return self.widen(self.subset_logits(hidden))
+
+    def widen(self, small: torch.Tensor) -> torch.Tensor:
+        """(…, N) subset logits as (…, V): the dtype's minimum outside the subset."""
         full = small.new_full((*small.shape[:-1], self.vocab_size), torch.finfo(small.dtype).min)
         return full.index_copy_(-1, self.token_ids, small)
 

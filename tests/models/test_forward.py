@@ -76,6 +76,22 @@ def test_the_llama_forward_gives_transformers_logits_and_features(keep_hidden, p
             assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
+def test_a_shared_drafts_subset_head_gives_full_vocabulary_logits():
+    """A shared draft's head scores a vocabulary subset (models/shared_draft.py): the forward
+    widens its product to the vocabulary as SubsetHead does (a draft read as (B, T, N) logits
+    drafted subset indices as token ids: the SmolLM2 draft and exit accepted nothing)."""
+    from autospec.models.shared_draft import draft_from_target
+    target = random_llama(64, seed=5, layers=2)
+    draft = draft_from_target(target, [0, 1], torch.arange(1, 64, 3))
+    assert fits(draft)
+    ours, theirs = _forwards(draft, True, False), _forwards(draft, False, False)
+    for a, b in zip(ours, theirs):
+        assert a.shape[-1] == 64
+        inside = torch.isfinite(b) & (b > torch.finfo(b.dtype).min)
+        torch.testing.assert_close(a[inside], b[inside], rtol=1e-4, atol=1e-5)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
 def test_a_weight_changed_in_place_is_read_again():
     model = random_llama(64, seed=6, layers=2)
     first = _forwards(model, True, False)
