@@ -45,10 +45,12 @@ class EagleRecipe:
     vocab_subset: int = 8192
     # training: each row's window is its last `context_pairs` prompt pairs and its answer;
     # the loss scores every answer pair and `prompt_positions` sampled prompt pairs (a step of
-    # batch 8 then costs ~3 s on this CPU's 2 cores, float32)
+    # batch 8 then costs ~1.2 s on this CPU's 2 cores, float32). 1,600 steps of 8 are ~4
+    # passes over ~3,150 answered prompts: 800 steps over 624 prompts (10 passes) reached
+    # top-1 0.72 on training rows but 0.48 held out
     context_pairs: int = 192
     prompt_positions: int = 48
-    steps: int = 800
+    steps: int = 1600
     batch: int = 8
     lr: float = 1e-3
     warmup: int = 50
