@@ -24,6 +24,7 @@ import torch
 
 from autospec.drafters.base import Draft, register
 from autospec.drafters.draft_model import BatchDraftModel, DraftRow, OneRowDrafter
+from autospec.models.forward import head_scores
 from autospec.models.kv import RowCache
 
 
@@ -59,17 +60,23 @@ class BatchEagle:
             features_in.append(hidden[fed:])  # f_fed .. f_{L-2}
         drafted: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
+        subset, widen = self.head.lm_head.token_ids, self.head.lm_head.widen
         for position in range(max(row.k for row in rows)):
             active = [i for i, row in enumerate(rows) if row.k > position]
             predicted = self._forward([rows[i].slot for i in active],
                                       [tokens_in[i] for i in active],
                                       [features_in[i] for i in active])  # (n, D)
-            logits = self.head.lm_head(predicted).float()
+            scores = head_scores(self.head, predicted).float()  # (n, N): the subset's
+            # greedy rows' tokens in one argmax over the subset (outside it a logit is the
+            # minimum: the same token as over the vocabulary); sampled rows widen theirs
+            best = subset[scores.argmax(-1)].tolist()
             for j, i in enumerate(active):
                 row = rows[i]
                 self.cache.lengths[row.slot] += len(tokens_in[i])
-                token, token_probs = BatchDraftModel.pick(logits[j], row.ctx)
-                if token_probs is not None:
+                if row.ctx.sampling.greedy:
+                    token = best[j]
+                else:
+                    token, token_probs = BatchDraftModel.pick(widen(scores[j]), row.ctx)
                     probs[i].append(token_probs)
                 drafted[i].append(token)
                 tokens_in[i], features_in[i] = [token], predicted[j:j + 1]

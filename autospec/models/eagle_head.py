@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from autospec.models.forward import head_forward, head_fits
 from autospec.models.shared_draft import SubsetHead
 
 CONFIG_KEY = "autospec_eagle"
@@ -74,7 +75,18 @@ class EagleHead(nn.Module):
                 position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache=None) -> torch.Tensor:
         """Predicted features (n, T, D) for pairs (features[:, t] = f_t, input_ids[:, t] =
-        x_{t+1}) at `position_ids` (n, T) = t + 1. Without a mask: causal over the T pairs."""
+        x_{t+1}) at `position_ids` (n, T) = t + 1. Without a mask: causal over the T pairs.
+        Drafting (over a RowCache, no autograd): the same function by models/forward.py's
+        `head_forward` (oneDNN's products, the rows' grouped attention)."""
+        if cache is not None and not torch.is_grad_enabled() and head_fits(self):
+            return head_forward(self, input_ids, features, position_ids, attention_mask, cache)
+        return self.transformers_forward(input_ids, features, position_ids, attention_mask, cache)
+
+    def transformers_forward(self, input_ids: torch.Tensor, features: torch.Tensor,
+                             position_ids: torch.Tensor,
+                             attention_mask: torch.Tensor | None = None,
+                             cache=None) -> torch.Tensor:
+        """`forward` through transformers' decoder layer (training; any other layer)."""
         x = self.fc(torch.cat([self.embed(input_ids).to(features.dtype), features], -1))
         cos_sin = self.rotary(x, position_ids)
         x = self.layer(x, attention_mask=attention_mask, position_ids=position_ids,

@@ -192,10 +192,14 @@ class _Plan:
         # a shared draft's head scores a subset (its weight's rows): widened to the vocabulary
         self.subset = model.lm_head if isinstance(model.lm_head, SubsetHead) else None
         self.eps = model.config.rms_norm_eps
+        self._track(members)
+        self.depth, self.layer_list = len(layers), layers
+
+    def _track(self, members: list) -> None:
+        """Note what was read (`_read`'s `members`) and each weight's address and version."""
         self.parents, self.names, self.members = (list(column) for column in zip(*members))
         self.weights = [w for w in self.members if isinstance(w, torch.Tensor)]
         self.addresses, self.versions = self._state()
-        self.depth, self.layer_list = len(layers), layers
 
     def _state(self) -> tuple[list[int], list[int]]:
         return [w.data_ptr() for w in self.weights], [w._version for w in self.weights]
@@ -204,6 +208,25 @@ class _Plan:
         return (all(map(operator.is_, map(dict.get, self.parents, self.names), self.members))
                 and self._state() == (self.addresses, self.versions)
                 and len(self.layer_list) == self.depth)
+
+
+class _HeadPlan(_Plan):
+    """What head_forward reads of a feature head (models/eagle_head.py): its fc, its one
+    decoder layer, its norm and subset head; the embedding and rotary embedding it borrows."""
+
+    def __init__(self, head: nn.Module):
+        members: list = []
+        self.fc = _Product(_read(members, head, "fc"))
+        _read(members, head.fc, "weight")
+        self.layer = _Layer(_read(members, head, "layer"), members)
+        self.norm = _read(members, head, "norm", "weight")
+        self.head = _Product(_read(members, head, "lm_head"))
+        _read(members, head.lm_head, "weight")
+        self.subset = head.lm_head
+        self.embed, self.rotary = head.embed, head.rotary
+        self.eps = head.config.rms_norm_eps
+        self._track(members)
+        self.depth, self.layer_list = 0, ()
 
 
 def _read(members: list, module: nn.Module, *path: str):
@@ -216,10 +239,10 @@ def _read(members: list, module: nn.Module, *path: str):
     return module
 
 
-def _plan(model: nn.Module) -> _Plan:
+def _plan(model: nn.Module, kind: type = _Plan) -> _Plan:
     plan = _PLANS.get(model)
     if plan is None or not plan.current():
-        plan = _PLANS[model] = _Plan(model)
+        plan = _PLANS[model] = kind(model)
     return plan
 
 
@@ -255,24 +278,10 @@ def llama_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids
     x = plan.embed(input_ids)
     cos, sin = plan.rotary(x, position_ids)
     cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D): broadcast over heads
-    batch, width = input_ids.shape
     # one row, one token (a plain step at batch 1): its mask hides nothing
-    one = batch == 1 and width == 1
+    one = input_ids.shape == (1, 1)
     for index, layer in enumerate(plan.layers):
-        heads, kv_heads = layer.heads, layer.kv_heads
-        h = _norm(x, layer.input_norm, eps)
-        qkv = layer.qkv(h).view(batch, width, -1, layer.head_dim).transpose(1, 2)  # (B, H + 2 H_kv, T, D)
-        qk = _rotate(qkv[:, :heads + kv_heads], cos, sin)  # Q's heads and K's, rotated at once
-        k, v = cache.layers[index].update(qk[:, heads:], qkv[:, heads + kv_heads:])
-        if one:
-            out = one_row_attention(qk[:, :heads], k, v, None, layer.scaling)
-        else:
-            out, _ = rows_attention(layer.attn, qk[:, :heads], k, v, attention_mask,
-                                    scaling=layer.scaling, dropout=0.0)
-        x = x + layer.o(out.reshape(batch, width, -1))
-        h = _norm(x, layer.post_norm, eps)
-        gate, up = layer.gate_up(h).split(layer.split, -1)
-        x = x + layer.down(F.silu(gate) * up)
+        x = _decoder_layer(layer, x, cos, sin, cache.layers[index], attention_mask, one, eps)
     hidden = _norm(x, plan.norm, eps)
     if isinstance(logits_to_keep, int) and logits_to_keep:
         scored = hidden[:, -logits_to_keep:]
@@ -284,3 +293,59 @@ def llama_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids
     if plan.subset is not None:
         logits = plan.subset.widen(logits)
     return (logits, hidden) if output_hidden_states else logits
+
+
+def _decoder_layer(layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   cache_layer, attention_mask, one: bool, eps: float) -> torch.Tensor:
+    """One Llama decoder layer over x (B, T, D), its K and V written into `cache_layer` (a
+    bound RowCache's); `one`: a single row's single token, attended without a mask."""
+    batch, width = x.shape[:2]
+    heads, kv_heads = layer.heads, layer.kv_heads
+    h = _norm(x, layer.input_norm, eps)
+    qkv = layer.qkv(h).view(batch, width, -1, layer.head_dim).transpose(1, 2)  # (B, H + 2 H_kv, T, D)
+    qk = _rotate(qkv[:, :heads + kv_heads], cos, sin)  # Q's heads and K's, rotated at once
+    k, v = cache_layer.update(qk[:, heads:], qkv[:, heads + kv_heads:])
+    if one:
+        out = one_row_attention(qk[:, :heads], k, v, None, layer.scaling)
+    else:
+        out, _ = rows_attention(layer.attn, qk[:, :heads], k, v, attention_mask,
+                                scaling=layer.scaling, dropout=0.0)
+    x = x + layer.o(out.reshape(batch, width, -1))
+    h = _norm(x, layer.post_norm, eps)
+    gate, up = layer.gate_up(h).split(layer.split, -1)
+    return x + layer.down(F.silu(gate) * up)
+
+
+def head_fits(head: nn.Module) -> bool:
+    """Whether `head_forward` computes a feature head's function: its layer a bias-free Llama
+    decoder layer with a SiLU MLP, unscaled rotary (the target's, as `fits` asks of it)."""
+    cfg = head.config
+    try:
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+        return (type(head.layer) is LlamaDecoderLayer and not cfg.attention_bias
+                and not getattr(cfg, "mlp_bias", False) and cfg.hidden_act == "silu"
+                and getattr(head.rotary, "attention_scaling", 1.0) == 1.0)
+    except (ImportError, AttributeError):
+        return False
+
+
+def head_forward(head: nn.Module, input_ids: torch.Tensor, features: torch.Tensor,
+                 position_ids: torch.Tensor, attention_mask: torch.Tensor, cache) -> torch.Tensor:
+    """A feature head's predicted features (B, T, D), as EagleHead.forward computes them over a
+    bound RowCache of its own, by llama_forward's layer (its products by oneDNN, its rows'
+    attention grouped). At 16 SmolLM2 rows drafting one token took ~19 ms through transformers'
+    layer (F.linear's products at 16 rows, sdpa with K and V copied to every query head)."""
+    plan = _plan(head, _HeadPlan)
+    x = plan.fc(torch.cat([plan.embed(input_ids).to(features.dtype), features], -1))
+    cos, sin = plan.rotary(x, position_ids)
+    x = _decoder_layer(plan.layer, x, cos[:, None], sin[:, None], cache.layers[0],
+                       attention_mask, input_ids.shape == (1, 1), plan.eps)
+    return _norm(x, plan.norm, plan.eps)
+
+
+def head_scores(head: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """A feature head's logits of `features` over its vocabulary subset, (…, N) in subset
+    order (SubsetHead.subset_logits; the product by oneDNN where head_forward's plan holds it)."""
+    if torch.is_grad_enabled() or not head_fits(head):
+        return head.lm_head.subset_logits(features)
+    return _plan(head, _HeadPlan).head(features)

@@ -5,6 +5,7 @@ import torch
 
 from autospec.models import forward
 from autospec.models.attention import pack_rows
+from autospec.models.eagle_head import EagleHead
 from autospec.models.forward import fits
 from autospec.models.kv import RowCache, cache_kwarg
 from autospec.models.pair import early_exit_view
@@ -138,3 +139,42 @@ def test_an_early_exit_view_fits_and_other_models_go_through_transformers():
     biased.config.attention_bias = True
     biased._autospec_fits = None
     assert not fits(biased)
+
+
+def _head_outputs(head, ours: bool):
+    """A feature head's predicted features and subset logits over the STEPS' widths (rows
+    right-padded, each at its own offset in the head's own RowCache), ours or transformers'."""
+    torch.manual_seed(3)
+    cache = RowCache(head, 4, 128)
+    slots = [cache.claim() for _ in range(4)]
+    outs = []
+    with torch.inference_mode():
+        for feeds, _ in STEPS:
+            counts = [len(feed) for feed in feeds]
+            ids = torch.tensor([feed + [0] * (max(counts) - len(feed)) for feed in feeds])
+            features = torch.randn(len(feeds), max(counts), head.config.hidden_size)
+            position_ids, mask = cache.bind(slots[:len(feeds)], counts, 128)
+            if ours:
+                predicted = forward.head_forward(head, ids, features, position_ids + 1, mask, cache)
+                outs += [predicted, forward.head_scores(head, predicted)]
+            else:
+                predicted = head.transformers_forward(ids, features, position_ids + 1,
+                                                 mask, cache)
+                outs += [predicted, head.lm_head.subset_logits(predicted)]
+            cache.bound = None
+            for slot, count in zip(slots, counts):
+                cache.lengths[slot] += count
+    return outs
+
+
+def test_a_feature_heads_forward_gives_transformers_features_and_scores(monkeypatch):
+    """The eagle drafter's head over its own cache (head_forward, head_scores) computes what
+    its transformers layer does, at every width the drafter feeds (a prompt, one token, a few
+    after an accept), one row and many, grouped heads."""
+    target = grouped_llama()
+    head = EagleHead(target, torch.arange(0, 64, 3)).eval()
+    with torch.no_grad():  # away from fc's [I, I] / 2 start, so each half counts
+        head.fc.weight.add_(0.1 * torch.randn_like(head.fc.weight))
+    ours, theirs = _head_outputs(head, True), _head_outputs(head, False)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
