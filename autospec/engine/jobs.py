@@ -140,9 +140,10 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
     if not records:
         return emitted
     # the step's wall time outside its forward and drafting: what every row waited for
-    # besides those (a row's draft seconds include the look-ups made for it)
+    # besides those (a row's draft seconds: the look-ups made for it and its share of a
+    # batched drafting, Engine._draft_batched — together, the step's drafting)
     overhead = max(0.0, t2 - t0 - records[0].verify_seconds
-                   - min(record.draft_seconds for record in records))
+                   - sum(record.draft_seconds for record in records))
     for record in records:
         record.overhead_seconds = overhead
     for controller, indices in groups.values():

@@ -238,6 +238,24 @@ def test_a_batch_of_draft_model_rows_runs_one_draft_forward_per_position(referen
     assert per_step.max() <= 3
 
 
+def test_rows_of_a_batched_drafting_are_charged_their_share_of_it(reference_pair):
+    """A drafter that drafts all its rows in one forward per position charges each row its
+    share, by the tokens it asked for: the rows' draft seconds add up to the drafting's (each
+    row charged the whole priced a drafted token as if its row drafted alone)."""
+    engine = Engine(reference_pair, max_batch=4, max_len=128)
+    requests = [engine.start(p, max_new_tokens=32)
+                for p in ["def f(x):\n", "import os\n", "class A:\n", "x = [1, 2]\n"]]
+    ks = [1, 2, 3, 3]
+    for _ in range(2):  # the first step also fills the draft's cache
+        engine.step_batch([(r, "draft-model", k) for r, k in zip(requests, ks)])
+    records = [r.steps[-1] for r in requests]
+    assert [s.k for s in records] == ks
+    per_token = [s.draft_seconds / k for s, k in zip(records, ks)]
+    assert per_token == pytest.approx([per_token[0]] * 4, rel=0.05)  # + each row's own propose
+    drafting = sum(s.draft_seconds for s in records)
+    assert 0 < drafting < sum(records[0].verify_seconds + s.draft_seconds for s in records)
+
+
 def test_rows_out_of_slot_order_and_with_gaps_read_the_cache_as_a_view(reference_pair):
     """step_batch feeds its rows in slot order, and a gap (a row that left, its slot free)
     gets a filler row, so every verify forward reads a view of the cache — no gather of every
