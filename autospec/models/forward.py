@@ -319,14 +319,19 @@ def _decoder_layer(layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch
 def head_fits(head: nn.Module) -> bool:
     """Whether `head_forward` computes a feature head's function: its layer a bias-free Llama
     decoder layer with a SiLU MLP, unscaled rotary (the target's, as `fits` asks of it)."""
+    cached = getattr(head, "_autospec_fits", None)  # checked once: it asks every draft position
+    if cached is not None:
+        return cached
     cfg = head.config
     try:
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-        return (type(head.layer) is LlamaDecoderLayer and not cfg.attention_bias
-                and not getattr(cfg, "mlp_bias", False) and cfg.hidden_act == "silu"
-                and getattr(head.rotary, "attention_scaling", 1.0) == 1.0)
+        ok = (type(head.layer) is LlamaDecoderLayer and not cfg.attention_bias
+              and not getattr(cfg, "mlp_bias", False) and cfg.hidden_act == "silu"
+              and getattr(head.rotary, "attention_scaling", 1.0) == 1.0)
     except (ImportError, AttributeError):
-        return False
+        ok = False
+    head._autospec_fits = ok
+    return ok
 
 
 def head_forward(head: nn.Module, input_ids: torch.Tensor, features: torch.Tensor,
