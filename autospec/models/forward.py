@@ -51,15 +51,20 @@ def fits(model: nn.Module) -> bool:
     try:
         from transformers import LlamaForCausalLM
         cfg = model.config
-        ok = (type(model) is LlamaForCausalLM and not cfg.attention_bias
-              and not getattr(cfg, "mlp_bias", False) and cfg.hidden_act == "silu"
+        ok = (type(model) is LlamaForCausalLM and _llama_layers_fit(cfg, model.model.rotary_emb)
               and getattr(cfg, "pretraining_tp", 1) == 1
-              and getattr(model.lm_head, "bias", None) is None
-              and getattr(model.model.rotary_emb, "attention_scaling", 1.0) == 1.0)
+              and getattr(model.lm_head, "bias", None) is None)
     except (ImportError, AttributeError):
         ok = False
     model._autospec_fits = ok
     return ok
+
+
+def _llama_layers_fit(cfg, rotary: nn.Module) -> bool:
+    """Whether `_decoder_layer` computes the function of a Llama config's layers: no
+    attention or MLP biases, a SiLU MLP, unscaled rotary (`fits`, `head_fits`)."""
+    return (not cfg.attention_bias and not getattr(cfg, "mlp_bias", False)
+            and cfg.hidden_act == "silu" and getattr(rotary, "attention_scaling", 1.0) == 1.0)
 
 
 class _Product:
@@ -212,7 +217,8 @@ class _Plan:
 
 class _HeadPlan(_Plan):
     """What head_forward reads of a feature head (models/eagle_head.py): its fc, its one
-    decoder layer, its norm and subset head; the embedding and rotary embedding it borrows."""
+    decoder layer, its norm and subset head (scores over the subset: `head_scores`); the
+    embedding and rotary embedding it borrows."""
 
     def __init__(self, head: nn.Module):
         members: list = []
@@ -222,7 +228,6 @@ class _HeadPlan(_Plan):
         self.norm = _read(members, head, "norm", "weight")
         self.head = _Product(_read(members, head, "lm_head"))
         _read(members, head.lm_head, "weight")
-        self.subset = head.lm_head
         self.embed, self.rotary = head.embed, head.rotary
         self.eps = head.config.rms_norm_eps
         self._track(members)
@@ -325,9 +330,7 @@ def head_fits(head: nn.Module) -> bool:
     cfg = head.config
     try:
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-        ok = (type(head.layer) is LlamaDecoderLayer and not cfg.attention_bias
-              and not getattr(cfg, "mlp_bias", False) and cfg.hidden_act == "silu"
-              and getattr(head.rotary, "attention_scaling", 1.0) == 1.0)
+        ok = type(head.layer) is LlamaDecoderLayer and _llama_layers_fit(cfg, head.rotary)
     except (ImportError, AttributeError):
         ok = False
     head._autospec_fits = ok
