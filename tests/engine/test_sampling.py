@@ -3,7 +3,10 @@
 A 3-token vocabulary and 3 new tokens per sample give 27 outcomes; the exact target
 distribution over them comes from the target's own conditionals. With K = 2 every sample
 goes through drafting, acceptance, rejection with a recovered token, and the bonus token.
-AUTOSPEC_SAMPLING_SAMPLES (default 100000) sets the sample count.
+The samples are requests of their own seeds run ROWS at a time by continuous batching (the
+one decode step, whatever the batch; rows join and leave at different steps): each row's
+output must follow the target's distribution whoever shares its step.
+AUTOSPEC_SAMPLING_SAMPLES (default 25000) sets the sample count.
 """
 import itertools
 import os
@@ -14,9 +17,10 @@ import torch
 
 from autospec.engine.loop import Engine
 
-from autospec.engine.request import StaticController
+from autospec.engine.request import Job, StaticController
 from autospec.models.eagle_head import EagleHead
 from autospec.models.pair import ModelPair
+from autospec.models.sampling import SamplingParams
 from conftest import IdTokenizer, random_llama
 from scipy_free_stats import chi2_pvalue
 
@@ -25,6 +29,8 @@ PROMPT = [0, 1, 2, 0, 1]
 # 25k samples: the TV bound below widens as 1/sqrt(n) (0.02 here), and the chi-squared test
 # keeps its power over 27 outcomes; 10^5 took ~10 CPU-minutes of a 2-core CI run (issue 11)
 SAMPLES = int(os.environ.get("AUTOSPEC_SAMPLING_SAMPLES", "25000"))
+# rows a step: one at a time the four drafters' checks took ~5 of the suite's 14 minutes
+ROWS = 64
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +39,8 @@ def engine():
     draft = random_llama(VOCAB, seed=1, scale=8.0, layers=1)
     torch.manual_seed(2)  # a random feature head: its draws differ from the target's
     eagle = EagleHead(target, torch.arange(VOCAB)).eval()
-    return Engine(ModelPair(target, IdTokenizer(), draft, eagle=eagle))
+    return Engine(ModelPair(target, IdTokenizer(), draft, eagle=eagle), max_batch=ROWS,
+                  max_len=len(PROMPT) + NEW + K + 1)
 
 
 @torch.no_grad()
@@ -55,9 +62,8 @@ def test_speculative_sampling_matches_target(engine, drafter):
     index = {seq: i for i, seq in enumerate(outcomes)}
     counts = np.zeros(len(outcomes))
     proposed = rejected = 0
-    for seed in range(SAMPLES):
-        out = engine.generate(PROMPT, controller=StaticController(drafter, K), max_new_tokens=NEW,
-                              temperature=temperature, seed=seed)
+    jobs = [Job(PROMPT, NEW, SamplingParams(temperature), seed=seed) for seed in range(SAMPLES)]
+    for out in engine.run(jobs, StaticController(drafter, K)):
         counts[index[tuple(out.token_ids)]] += 1
         proposed += out.telemetry.proposed
         rejected += out.telemetry.proposed - out.telemetry.accepted
@@ -72,7 +78,8 @@ def test_speculative_sampling_matches_target(engine, drafter):
 def test_sampling_is_exact_with_suffix(engine):
     """The check above with the suffix drafter (tests/drafters/test_suffix.py), drafting from
     earlier samples' outputs (a small budget: evictions all along)."""
-    suffix = Engine(engine.models, {"suffix": {"budget_tokens": 64}})
+    suffix = Engine(engine.models, {"suffix": {"budget_tokens": 64}}, max_batch=ROWS,
+                    max_len=engine.max_positions)
     test_speculative_sampling_matches_target(suffix, "suffix")
 
 
