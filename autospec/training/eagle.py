@@ -25,6 +25,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -57,6 +58,13 @@ class EagleRecipe:
     feature_weight: float = 1.0  # smooth-L1 on the predicted feature (EAGLE: 1.0 with 0.1 CE)
     token_weight: float = 0.5
     noise: float = 0.1  # uniform noise on input features, times their mean |value|
+    # phase 2, from phase 1's head: a warm restart at a lower rate (cosine to a tenth again).
+    # 150 steps of it at 3e-4 lifted held-out position 1 from 0.56 to 0.61, where EAGLE-3's
+    # training-time test (150 steps drafting positions 2-3 on the head's own predictions)
+    # left it at 0.56 and cost 5.7x a step (docs/benchmarks.md); refine_steps = 0 skips it
+    refine_steps: int = 2400
+    refine_lr: float = 3e-4
+    refine_warmup: int = 20
     seed: int = 0
 
 
@@ -68,6 +76,9 @@ def work_dir() -> Path:
 
 
 # -- 1. data --------------------------------------------------------------------------------
+HELDOUT_ROWS = 32
+
+
 def shard_order(n_prompts: int, recipe: EagleRecipe) -> list[list[int]]:
     """Prompt indices (of the shortest-first list) per shard: groups of similar length, the
     groups in a seeded order."""
@@ -75,6 +86,14 @@ def shard_order(n_prompts: int, recipe: EagleRecipe) -> list[list[int]]:
               for i in range(0, n_prompts, recipe.gen_batch)]
     random.Random(recipe.order_seed).shuffle(groups)
     return groups
+
+
+def split(n_prompts: int, recipe: EagleRecipe) -> tuple[list[int], list[int]]:
+    """(held-out, training) row indices — a row's index is its place in the rows of all the
+    shards in order — fixed by the number of prompts alone, so a build that stopped early
+    holds out the same rows as a complete one."""
+    order = np.random.default_rng(recipe.seed).permutation(n_prompts).tolist()
+    return order[:HELDOUT_ROWS], order[HELDOUT_ROWS:]
 
 
 @torch.inference_mode()
@@ -85,9 +104,14 @@ def generate_features(target, tokenizer, prompts: list[list[int]], recipe: Eagle
     out.mkdir(parents=True, exist_ok=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else target.config.eos_token_id
     eos = target.config.eos_token_id
-    shards = shard_order(len(prompts), recipe)[:limit]
-    for shard, picks in enumerate(tqdm(shards, desc="target features", disable=quiet,
-                                       unit="shard", dynamic_ncols=True)):
+    shards = shard_order(len(prompts), recipe)
+    # the held-out rows' shards first: a build stopped early can still be judged
+    owner = [k for k, picks in enumerate(shards) for _ in picks]
+    first = sorted({owner[i] for i in split(len(prompts), recipe)[0]})
+    todo = (first + [k for k in range(len(shards)) if k not in set(first)])[:limit]
+    for shard in tqdm(todo, desc="target features", disable=quiet, unit="shard",
+                      dynamic_ncols=True):
+        picks = shards[shard]
         path = out / f"shard-{shard:05d}.pt"
         if path.exists():
             continue
@@ -116,10 +140,14 @@ def generate_features(target, tokenizer, prompts: list[list[int]], recipe: Eagle
         os.replace(tmp, path)
 
 
-def load_rows(out: Path) -> list[dict]:
-    rows = []
+def load_rows(out: Path, n_prompts: int, recipe: EagleRecipe) -> dict[int, dict]:
+    """The rows of the shards made so far, by index (`split`)."""
+    shards = shard_order(n_prompts, recipe)
+    starts = np.cumsum([0] + [len(picks) for picks in shards])
+    rows = {}
     for path in sorted(out.glob("shard-*.pt")):
-        rows += torch.load(path)
+        shard = int(path.stem.split("-")[1])
+        rows.update((int(starts[shard]) + i, row) for i, row in enumerate(torch.load(path)))
     return rows
 
 
@@ -131,15 +159,16 @@ def build(out_dir: Path | None = None, quiet: bool = False, log=print, stage: st
     work = work_dir()
     work.mkdir(parents=True, exist_ok=True)
     target, tokenizer = load_target()
+    prompts = training_prompts(tokenizer, DistillRecipe(
+        prompts_per_category=recipe.prompts_per_category, prompt_seed=recipe.prompt_seed,
+        max_prompt_tokens=recipe.max_prompt_tokens))
     if stage in ("answers", "all"):
-        prompts = training_prompts(tokenizer, DistillRecipe(
-            prompts_per_category=recipe.prompts_per_category, prompt_seed=recipe.prompt_seed,
-            max_prompt_tokens=recipe.max_prompt_tokens))
         log(f"{len(prompts)} training prompts (<= {recipe.max_prompt_tokens} tokens)")
         generate_features(target, tokenizer, prompts, recipe, work / "features", quiet)
         if stage == "answers":
             return {}
     from autospec.training.eagle_train import train_and_ship
-    return train_and_ship(target, tokenizer, load_rows(work / "features"), recipe,
+    return train_and_ship(target, tokenizer, load_rows(work / "features", len(prompts), recipe),
+                          split(len(prompts), recipe), recipe,
                           Path(out_dir) if out_dir else SMOLLM2_SHIPPED_DIR / "eagle", work,
                           quiet, log)

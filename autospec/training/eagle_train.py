@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,6 @@ from autospec.models.eagle_head import EagleHead, own_state, save_eagle_head
 from autospec.models.sampling import SamplingParams
 from autospec.training.loop import CHECKPOINT_EVERY, train_steps
 
-HELDOUT_ROWS = 32
 CHAIN = 4  # draft positions the held-out check scores
 
 
@@ -121,25 +120,40 @@ def choose_subset(rows: list[dict], vocab_size: int, size: int, eos) -> torch.Te
     return by_frequency(rows, vocab_size, size, always)
 
 
-def train_and_ship(target, tokenizer, rows: list[dict], recipe, out_dir: Path, work: Path,
-                   quiet: bool = False, log=print) -> dict:
-    if len(rows) < 2 * recipe.batch + HELDOUT_ROWS:
-        raise ValueError(f"only {len(rows)} rows of target features in {work / 'features'}: "
-                         f"run the answers stage first")
-    order = np.random.default_rng(recipe.seed).permutation(len(rows))
-    heldout = [rows[i] for i in order[:HELDOUT_ROWS]]  # never trained on: the card's figures
-    train = [rows[i] for i in order[HELDOUT_ROWS:]]
+def train_and_ship(target, tokenizer, rows: dict[int, dict], split: tuple[list, list], recipe,
+                   out_dir: Path, work: Path, quiet: bool = False, log=print) -> dict:
+    """rows by index and the (held-out, training) indices (`eagle.split`): trains on the
+    training rows made so far, judges on the held-out ones (never trained on: the card's
+    figures), which must all be there."""
+    held, trained = split
+    missing = [i for i in held if i not in rows]
+    if missing or len(rows) < 2 * recipe.batch + len(held):
+        raise ValueError(f"{len(rows)} rows of target features in {work / 'features'}, "
+                         f"{len(missing)} of the {len(held)} held-out ones missing: run the "
+                         f"answers stage (it makes the held-out rows' shards first)")
+    heldout = [rows[i] for i in held]
+    train = [rows[i] for i in trained if i in rows]
     tokens = sum(len(r["features"]) for r in train)
     log(f"{len(train)} answered prompts to train on, {tokens:,} positions with features")
     token_ids = choose_subset(train, target.config.vocab_size, recipe.vocab_subset,
                               target.config.eos_token_id)
     torch.manual_seed(recipe.seed)
     head = EagleHead(target, token_ids)
-    key = json.dumps(asdict(recipe), sort_keys=True)
-    ckpt = work / f"head-{hashlib.sha1(key.encode()).hexdigest()[:10]}-{len(train)}.pt"
-    run = train_head(head, train, recipe, ckpt, quiet, heldout)
+    # phase 1 and phase 2 (the restart, from phase 1's head) checkpoint apart: phase 1's name
+    # does not change with phase 2's settings
+    first = {k: v for k, v in asdict(recipe).items() if not k.startswith("refine")}
+    run = train_head(head, train, recipe, work / f"head-{_key(first)}-{len(train)}.pt", quiet,
+                     heldout)
+    refined = None
+    if recipe.refine_steps:
+        second = replace(recipe, steps=recipe.refine_steps, lr=recipe.refine_lr,
+                         warmup=recipe.refine_warmup, seed=recipe.seed + 1)
+        refined = train_head(head, train, second,
+                             work / f"head-{_key(asdict(recipe))}-{len(train)}-refine.pt",
+                             quiet, heldout)
     alpha = heldout_alpha(head, heldout, every=2)
-    card = {"recipe": asdict(recipe), "training": run, "prompts": len(train),
+    card = {"recipe": asdict(recipe), "training": run, "refine": refined,
+            "prompts": len(train),
             "positions": tokens, "answer_tokens": sum(len(r["answer"]) for r in train),
             "heldout_alpha_per_position": alpha,
             "head_params": sum(t.numel() for k, t in own_state(head).items()
@@ -151,10 +165,19 @@ def train_and_ship(target, tokenizer, rows: list[dict], recipe, out_dir: Path, w
     return card
 
 
+def _key(fields: dict) -> str:
+    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+
+
 def write_head_card(out_dir: Path, card: dict) -> None:
     (out_dir / "card.json").write_text(json.dumps(card, indent=2, default=str) + "\n")
-    r, run = card["recipe"], card["training"]
+    r, run, refined = card["recipe"], card["training"], card.get("refine")
     curve = "; ".join(f"step {h['step']}: {h['heldout_alpha']}" for h in run["history"])
+    second = "" if not refined else (
+        f"Phase 2, from that head: {refined['steps']} steps at peak rate {r['refine_lr']} "
+        f"({refined['train_seconds']:.0f} s); held-out during it: "
+        + "; ".join(f"step {h['step']}: {h['heldout_alpha']}" for h in refined["history"])
+        + ".\n")
     (out_dir / "README.md").write_text(f"""# SmolLM2-135M-Instruct feature head (EAGLE-1)
 
 Drafts from the target's own last hidden state (`drafter eagle`): one decoder layer at the
@@ -174,5 +197,5 @@ Held-out (32 answered prompts never trained on), drafted by the real drafting co
 target's features, greedy: P(position j right | earlier ones right), j = 1..4:
 {card['heldout_alpha_per_position']}
 
-During training: {curve}
-""")
+During training (phase 1): {curve}
+{second}{card.get("note", "")}""")
