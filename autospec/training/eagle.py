@@ -58,13 +58,16 @@ class EagleRecipe:
     feature_weight: float = 1.0  # smooth-L1 on the predicted feature (EAGLE: 1.0 with 0.1 CE)
     token_weight: float = 0.5
     noise: float = 0.1  # uniform noise on input features, times their mean |value|
-    # phase 2, from phase 1's head: a warm restart at a lower rate (cosine to a tenth again).
-    # 150 steps of it at 3e-4 lifted held-out position 1 from 0.56 to 0.61, where EAGLE-3's
-    # training-time test (150 steps drafting positions 2-3 on the head's own predictions)
-    # left it at 0.56 and cost 5.7x a step (docs/benchmarks.md); refine_steps = 0 skips it
-    refine_steps: int = 2400
+    # phase 2, from phase 1's head: EAGLE-3's training-time test — every answer pair also
+    # drafts positions 2..chain on the head's own (detached) predictions, position j's loss
+    # weighted chain_decay^(j-1) — at a lower rate (its own warm-up and cosine). From the
+    # shipped phase-1 head, 150 steps of it lifted held-out positions 2-4 by 0.04-0.09 and
+    # kept position 1; as many steps without it did not (docs/benchmarks.md)
+    refine_steps: int = 300
     refine_lr: float = 3e-4
     refine_warmup: int = 20
+    chain: int = 3
+    chain_decay: float = 0.8
     seed: int = 0
 
 

@@ -58,32 +58,115 @@ def make_batch(rows: list[dict], recipe, rng: np.random.Generator) -> dict:
     noise = (torch.rand(feats.shape, generator=torch.Generator().manual_seed(int(rng.integers(2**31))))
              * 2 - 1) * recipe.noise * scale
     return {"ids": ids, "positions": positions, "features": feats + noise,
-            "targets": targets, "scored": scored, "answer": answer[scored]}
+            "targets": targets, "scored": scored, "answer": answer[scored],
+            "answer_pairs": answer}
 
 
-def head_loss(head: EagleHead, batch: dict, recipe) -> tuple[torch.Tensor, float]:
-    """smooth-L1(f̂_{t+1}, f_{t+1}) + CE of the head's subset logits to the target's own
-    subset distribution over f_{t+1} (EAGLE's classification term), on the scored pairs;
-    returns (loss, top-1 agreement with the target on answer pairs)."""
-    predicted = head(batch["ids"], batch["features"], batch["positions"])
-    scored = batch["scored"]
-    regression = F.smooth_l1_loss(predicted[scored], batch["targets"][scored])
-    logits = head.lm_head.subset_logits(predicted[scored])
+def _pair_loss(head: EagleHead, predicted: torch.Tensor, targets: torch.Tensor, recipe
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """smooth-L1(f̂, f) + token_weight x CE of the head's subset logits to the target's own
+    subset distribution over f (EAGLE's classification term), over (n, D) pairs; and the
+    pairs' top-1 hits."""
+    regression = F.smooth_l1_loss(predicted, targets)
+    logits = head.lm_head.subset_logits(predicted)
     with torch.no_grad():
-        target_probs = torch.softmax(head.lm_head.subset_logits(batch["targets"][scored]), -1)
+        target_probs = torch.softmax(head.lm_head.subset_logits(targets), -1)
     ce = -(target_probs * F.log_softmax(logits, -1)).sum(-1).mean()
-    with torch.no_grad():
-        hits = (logits.argmax(-1) == target_probs.argmax(-1))[batch["answer"]]
-        top1 = float(hits.float().mean()) if len(hits) else 0.0
-    return recipe.feature_weight * regression + recipe.token_weight * ce, top1
+    hits = (logits.argmax(-1) == target_probs.argmax(-1)).detach()
+    return recipe.feature_weight * regression + recipe.token_weight * ce, hits
+
+
+def head_loss(head: EagleHead, batch: dict, recipe, chain: int = 1) -> tuple[torch.Tensor, float]:
+    """The loss on the scored pairs (`_pair_loss`) and top-1 agreement with the target on
+    answer pairs. chain > 1 adds the training-time test (`chain_forward`): every answer pair
+    also drafts positions 2..chain on the head's own predictions, position j's loss weighted
+    chain_decay^(j-1)."""
+    scored = batch["scored"]
+    if chain == 1:
+        predicted = head(batch["ids"], batch["features"], batch["positions"])
+        loss, hits = _pair_loss(head, predicted[scored], batch["targets"][scored], recipe)
+        hits = hits[batch["answer"]]
+        return loss, float(hits.float().mean()) if len(hits) else 0.0
+    answer = batch["answer_pairs"]
+    slots = torch.zeros(len(answer), max(1, int(answer.sum(1).max())), dtype=torch.long)
+    filled = torch.zeros(slots.shape, dtype=torch.bool)
+    for i, row in enumerate(answer):
+        where = row.nonzero().squeeze(1)
+        slots[i, :len(where)], filled[i, :len(where)] = where, True
+    passes = chain_forward(head, batch["ids"], batch["features"], batch["positions"], slots,
+                           chain)
+    loss, hits = _pair_loss(head, passes[0][scored], batch["targets"][scored], recipe)
+    hits = hits[batch["answer"]]
+    width = answer.shape[1]
+    dim = batch["targets"].shape[-1]
+    for j, predicted in enumerate(passes[1:], start=1):
+        ahead = slots + j  # pass j at slot t predicts f_{t+1+j}: the pair j further on
+        ok = filled & (ahead < width) & answer.gather(1, ahead.clamp(max=width - 1))
+        if not ok.any():
+            break
+        wanted = batch["targets"].gather(1, ahead.clamp(max=width - 1)[..., None].expand(-1, -1, dim))
+        extra, _ = _pair_loss(head, predicted[ok], wanted[ok], recipe)
+        loss = loss + recipe.chain_decay ** j * extra
+    return loss, float(hits.float().mean()) if len(hits) else 0.0
+
+
+def chain_forward(head: EagleHead, ids: torch.Tensor, features: torch.Tensor,
+                  positions: torch.Tensor, slots: torch.Tensor, chain: int) -> list[torch.Tensor]:
+    """EAGLE-3's training-time test, as drafting runs it: pass 1 is the head over all pairs
+    (B, T, D), causal; pass j > 1 runs only at `slots` (B, A) — pair t reads (its own pass j-1
+    prediction, x_{t+j}) at position t + j and attends to pass 1's keys of pairs <= t (the
+    target's true features, as the head's cache holds them when drafting from t) and to its
+    own keys of passes 2..j (what drafting's cache holds of positions 2..j). Returns
+    [pass 1 (B, T, D), pass 2 (B, A, D), ...]. The fed-back predictions are detached."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    layer, attn = head.layer, head.layer.self_attn
+
+    def project(tokens, feats, pos):
+        x = head.fc(torch.cat([head.embed(tokens).to(feats.dtype), feats], -1))
+        cos, sin = head.rotary(x, pos)
+        h = layer.input_layernorm(x)
+        shape = (*x.shape[:2], -1, attn.head_dim)
+        q, k, v = (proj(h).view(shape).transpose(1, 2)
+                   for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        groups = q.shape[1] // k.shape[1]
+        return x, q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+
+    def finish(x, attended):
+        x = x + attn.o_proj(attended.transpose(1, 2).flatten(2))
+        return head.norm(x + layer.mlp(layer.post_attention_layernorm(x)))
+
+    x, q, k0, v0 = project(ids, features, positions)
+    first = finish(x, F.scaled_dot_product_attention(q, k0, v0, is_causal=True,
+                                                     scale=attn.scaling))
+    passes = [first]
+    width = ids.shape[1]
+    hidden = torch.arange(width)[None, None, :] > slots[:, :, None]  # (B, A, T)
+    bias = torch.zeros(hidden.shape).masked_fill(hidden, float("-inf"))[:, None]
+    own_k, own_v = [], []
+    previous = first.gather(1, slots[..., None].expand(-1, -1, first.shape[-1]))
+    for j in range(1, chain):
+        tokens = ids.gather(1, (slots + j).clamp(max=width - 1))
+        x, q, k, v = project(tokens, previous.detach(), positions.gather(1, slots) + j)
+        own_k.append(k)
+        own_v.append(v)
+        scores = torch.cat([q @ k0.transpose(-1, -2) * attn.scaling + bias]
+                           + [(q * key).sum(-1, keepdim=True) * attn.scaling for key in own_k], -1)
+        weights = scores.softmax(-1)
+        attended = weights[..., :width] @ v0
+        for i, value in enumerate(own_v):
+            attended = attended + weights[..., width + i, None] * value
+        previous = finish(x, attended)
+        passes.append(previous)
+    return passes
 
 
 def train_head(head: EagleHead, rows: list[dict], recipe, ckpt: Path, quiet: bool = False,
-               heldout: list[dict] | None = None) -> dict:
+               heldout: list[dict] | None = None, chain: int = 1) -> dict:
     def step_loss(rng: np.random.Generator):
         picks = rng.choice(len(rows), recipe.batch, replace=False)
         # float32: this CPU has no bf16 matrix units (a bf16 matmul ran 5x slower)
-        return head_loss(head, make_batch([rows[i] for i in picks], recipe, rng), recipe)
+        return head_loss(head, make_batch([rows[i] for i in picks], recipe, rng), recipe, chain)
     evaluate = (lambda: {"heldout_alpha": heldout_alpha(head, heldout)}) if heldout else None
     return train_steps(head, recipe, ckpt, step_loss, desc="eagle head", metric="train_top1",
                        evaluate=evaluate, eval_every=4 * CHECKPOINT_EVERY, weight_decay=0.0,
@@ -141,7 +224,7 @@ def train_and_ship(target, tokenizer, rows: dict[int, dict], split: tuple[list, 
     head = EagleHead(target, token_ids)
     # phase 1 and phase 2 (the restart, from phase 1's head) checkpoint apart: phase 1's name
     # does not change with phase 2's settings
-    first = {k: v for k, v in asdict(recipe).items() if not k.startswith("refine")}
+    first = {k: v for k, v in asdict(recipe).items() if not k.startswith(("refine", "chain"))}
     run = train_head(head, train, recipe, work / f"head-{_key(first)}-{len(train)}.pt", quiet,
                      heldout)
     refined = None
@@ -150,7 +233,7 @@ def train_and_ship(target, tokenizer, rows: dict[int, dict], split: tuple[list, 
                          warmup=recipe.refine_warmup, seed=recipe.seed + 1)
         refined = train_head(head, train, second,
                              work / f"head-{_key(asdict(recipe))}-{len(train)}-refine.pt",
-                             quiet, heldout)
+                             quiet, heldout, chain=recipe.chain)
     alpha = heldout_alpha(head, heldout, every=2)
     card = {"recipe": asdict(recipe), "training": run, "refine": refined,
             "prompts": len(train),
@@ -174,11 +257,13 @@ def write_head_card(out_dir: Path, card: dict) -> None:
     r, run, refined = card["recipe"], card["training"], card.get("refine")
     curve = "; ".join(f"step {h['step']}: {h['heldout_alpha']}" for h in run["history"])
     second = "" if not refined else (
-        f"Phase 2, from that head: {refined['steps']} steps at peak rate {r['refine_lr']} "
-        f"({refined['train_seconds']:.0f} s); held-out during it: "
+        f"Phase 2, from that head: EAGLE-3's training-time test, {refined['steps']} steps at "
+        f"peak rate {r['refine_lr']} ({refined['train_seconds']:.0f} s) in which every answer "
+        f"pair also drafts positions 2..{r['chain']} on the head's own predictions (loss "
+        f"weight {r['chain_decay']}^(j-1)); held-out during it: "
         + "; ".join(f"step {h['step']}: {h['heldout_alpha']}" for h in refined["history"])
         + ".\n")
-    (out_dir / "README.md").write_text(f"""# SmolLM2-135M-Instruct feature head (EAGLE-1)
+    (out_dir / "README.md").write_text(f"""# SmolLM2-135M-Instruct feature head (EAGLE)
 
 Drafts from the target's own last hidden state (`drafter eagle`): one decoder layer at the
 target's width over (feature, next token) pairs predicts the next feature, scored by the

@@ -110,6 +110,37 @@ def test_saved_head_loads_without_the_borrowed_tensors_and_refuses_another_targe
         load_eagle_head(tmp_path / "head", other)
 
 
+def test_the_training_time_test_drafts_as_the_heads_cache_would():
+    """chain_forward's pass j at pair t equals the head run causally over pairs 0..t (the
+    true features) followed by its own fed-back predictions at positions t+2 .. t+j, the way
+    drafting fills its cache: a mask letting a pass see another pair's predictions, or a
+    position off by one, fails."""
+    from autospec.training.eagle_train import chain_forward
+    target = random_llama(40, seed=1)
+    torch.manual_seed(0)
+    head = EagleHead(target, torch.arange(40)).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    ids, feats = torch.randint(0, 40, (2, 9)), torch.randn(2, 9, 16)
+    positions = torch.arange(1, 10).repeat(2, 1)
+    slots = torch.tensor([[2, 5], [0, 4]])
+    with torch.no_grad():
+        passes = chain_forward(head, ids, feats, positions, slots, chain=3)
+        assert torch.allclose(passes[0], head(ids, feats, positions), atol=1e-5)
+        for b in range(2):
+            for a, t in enumerate(slots[b].tolist()):
+                seq_ids, seq_feats = ids[b, :t + 1], feats[b, :t + 1]
+                for j in (1, 2):
+                    fed = passes[j - 1][b, t if j == 1 else a]
+                    seq_ids = torch.cat([seq_ids, ids[b, t + j:t + j + 1]])
+                    seq_feats = torch.cat([seq_feats, fed[None]])
+                    pos = torch.cat([positions[b, :t + 1],
+                                     positions[b, t:t + 1] + torch.arange(1, j + 1)])
+                    want = head(seq_ids[None], seq_feats[None], pos[None])[0, -1]
+                    assert torch.allclose(passes[j][b, a], want, atol=1e-5), (b, t, j)
+
+
 def test_eagle_without_a_head_is_a_clear_error(tiny_pair):
     assert "eagle" not in tiny_pair.runnable_drafters()
     with pytest.raises(ValueError, match="needs a feature head"):
