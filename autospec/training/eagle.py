@@ -16,6 +16,11 @@ budget:
    (FR-Spec: the most frequent 8192 answer tokens). Input features get uniform noise
    (EAGLE's ±0.1 of their scale), so drafting on its own predicted features (positions 2..K)
    is not out of distribution. Checkpoints every 50 steps.
+3. phase 2, from phase 1's head: EAGLE-3's training-time test (`eagle_train.chain_forward`:
+   each answer pair also drafts positions 2..chain on the head's own predictions, as drafting
+   runs them), at a lower rate.
+The 32 held-out rows (`split`) are fixed by the prompt count and their shards are made first,
+so a build stopped early is judged on the same rows as a whole one.
 Everything intermediate lives in `paths.build_dir("smollm2-eagle")`.
 """
 from __future__ import annotations
