@@ -81,20 +81,17 @@ def head_loss(head: EagleHead, batch: dict, recipe, chain: int = 1) -> tuple[tor
     answer pairs. chain > 1 adds the training-time test (`chain_forward`): every answer pair
     also drafts positions 2..chain on the head's own predictions, position j's loss weighted
     chain_decay^(j-1)."""
-    scored = batch["scored"]
-    if chain == 1:
-        predicted = head(batch["ids"], batch["features"], batch["positions"])
-        loss, hits = _pair_loss(head, predicted[scored], batch["targets"][scored], recipe)
-        hits = hits[batch["answer"]]
-        return loss, float(hits.float().mean()) if len(hits) else 0.0
-    answer = batch["answer_pairs"]
-    slots = torch.zeros(len(answer), max(1, int(answer.sum(1).max())), dtype=torch.long)
-    filled = torch.zeros(slots.shape, dtype=torch.bool)
-    for i, row in enumerate(answer):
-        where = row.nonzero().squeeze(1)
-        slots[i, :len(where)], filled[i, :len(where)] = where, True
-    passes = chain_forward(head, batch["ids"], batch["features"], batch["positions"], slots,
-                           chain)
+    scored, answer = batch["scored"], batch["answer_pairs"]
+    if chain == 1:  # phase 1: the head's own forward (transformers' layer)
+        passes = [head(batch["ids"], batch["features"], batch["positions"])]
+    else:
+        slots = torch.zeros(len(answer), max(1, int(answer.sum(1).max())), dtype=torch.long)
+        filled = torch.zeros(slots.shape, dtype=torch.bool)
+        for i, row in enumerate(answer):
+            where = row.nonzero().squeeze(1)
+            slots[i, :len(where)], filled[i, :len(where)] = where, True
+        passes = chain_forward(head, batch["ids"], batch["features"], batch["positions"],
+                               slots, chain)
     loss, hits = _pair_loss(head, passes[0][scored], batch["targets"][scored], recipe)
     hits = hits[batch["answer"]]
     width = answer.shape[1]
