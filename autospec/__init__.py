@@ -61,7 +61,10 @@ def __getattr__(name):
     if name == "Engine":
         from autospec.engine.loop import Engine
         return Engine
-    if name in ("Generation", "Controller", "StaticController"):
-        from autospec.engine import request
-        return getattr(request, name)
+    if name == "Generation":
+        from autospec.engine.request import Generation
+        return Generation
+    if name in ("Controller", "StaticController"):
+        from autospec.controller import interface
+        return getattr(interface, name)
     raise AttributeError(name)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from autospec.engine.loop import Engine
-from autospec.engine.request import StaticController
+from autospec.controller.interface import StaticController
 from autospec.models.pair import ModelPair, load_pair
 
 # The models here are small: one thread is faster than two, and leaves a core to the other

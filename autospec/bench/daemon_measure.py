@@ -134,7 +134,7 @@ def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
     import autospec
     from autospec.bench.harness import load_prompts
     from autospec.models.pairs import PAIRS
-    from autospec.engine.request import StaticController
+    from autospec.controller.interface import StaticController
     proc, sock = start_daemon(tmp)
     serve = spawn(["serve", "--port", "0", "--daemon", f"unix:{sock}", "--log-level", "warning"],
                   tmp / "serve.log", timeout=300)

@@ -33,7 +33,8 @@ from autospec.controller.batch import Prices, step_features, batch_ks
 from autospec.drafters.base import DraftContext, create_drafter
 from autospec.engine.accept import agreeing_prefix
 from autospec.engine.loop import Engine
-from autospec.engine.request import Controller, StaticController, decide_batch, update_batch
+from autospec.controller.interface import (Controller, Decision, Lookups, Outcome, RowController,
+                                           StaticController, Step)
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import StepRecord, summarise
 
@@ -245,7 +246,7 @@ def _batch_line(trace: Trace) -> list[float]:
     return trace.batch_line
 
 
-class HindsightController:
+class HindsightController(RowController):
     """Knows every request's future (the trace's outputs): each row drafts, with the drafter
     that agrees longest there, only tokens the target keeps, and every row's K is chosen for
     the step's goodput over those certain tokens (batch_ks at the trace's prices). No
@@ -256,26 +257,21 @@ class HindsightController:
         self.trace = trace
         self.requests = {r.id: r for r in trace.requests}
 
-    def decide(self, request) -> tuple[str | None, int]:
-        return self.decide_batch([request])[0]
+    def decide_row(self, request) -> Decision:
+        return self.decide(Step([request], None))[0]
 
-    def decide_batch(self, requests, peek=None) -> list[tuple[str | None, int]]:
+    def decide(self, step: Step) -> list[Decision]:
         costs = self.trace.draft_seconds_per_token
         picks = []
-        for request in requests:
+        for request in step.rows:
             recorded = self.requests[request.request_id]
             at = len(request.tokens) - request.prompt_len
             picks.append(max(((d, matches[at]) for d, matches in recorded.match.items()),
                              key=lambda pick: (pick[1], -costs.get(pick[0], 0.0))))
         ks = batch_ks([[1.0] * agree for _, agree in picks],
-                      [costs.get(d, 0.0) for d, _ in picks], trace_prices(self.trace, len(requests)))
-        return [(d, k) if k else (None, 0) for (d, _), k in zip(picks, ks)]
-
-    def update(self, record: StepRecord, request) -> None:
-        pass
-
-    def update_batch(self, records, requests) -> None:
-        pass
+                      [costs.get(d, 0.0) for d, _ in picks],
+                      trace_prices(self.trace, len(step.rows)))
+        return [Decision(d, k) if k else Decision(None, 0) for (d, _), k in zip(picks, ks)]
 
 
 @dataclass
@@ -300,8 +296,8 @@ def replay(trace: Trace, controller: Controller, requests: list[TraceRequest] | 
     """Run `controller` over the trace, one request at a time; returns one RequestRecord per
     request (simulated seconds).
 
-    The controller's decide/update are real, through the live loop's entry points (a batch
-    of one: `decide_batch`, `update_batch`); each step is charged the recorded costs. The
+    The controller's decide/observe are real, through the one interface every host uses (a
+    batch of one); each step is charged the recorded costs. The
     loop itself is a simulator's (no model runs), so it is not `Engine.advance`."""
     return replay_batch(trace, controller, 1, requests)[0]
 
@@ -325,7 +321,7 @@ class _Client:
 def replay_batch(trace: Trace, controller: Controller, rows: int,
                  requests: list[TraceRequest] | None = None) -> tuple[list, float]:
     """`rows` closed-loop clients over the trace's requests (each sends the next when its last
-    ends), every step decided for all its rows at once (`decide_batch`) and charged the
+    ends), every step decided for all its rows at once (`Controller.decide`) and charged the
     trace's batch line at its rows, positions and width, plus each row's drafting at the
     recorded seconds per token (a model drafter's rows as if each drafted alone: dearer than
     the engine's one batched forward); a step of one row is charged the recorded forward at
@@ -335,13 +331,17 @@ def replay_batch(trace: Trace, controller: Controller, rows: int,
     active: list[_Client] = []
     done: dict[str, object] = {}
     elapsed = 0.0
+    lookups = Lookups()  # the look-up drafters a controller peeks at, run on the replayed rows
+    recorded = (requests or trace.requests)[:1]
+    controller.bind(tuple(recorded[0].match) if recorded else ())  # what the trace can replay
     while queue or active:
         while len(active) < rows and queue:
             req = queue.pop(0)
             active.append(_Client(req, SimRequest(req.id, list(req.prompt), len(req.prompt),
                                                   req.category)))
         plan = []  # (drafter, k, tokens proposed) per row
-        for client, (drafter, k) in zip(active, decide_batch(controller, [c.sim for c in active])):
+        inputs = Step([c.sim for c in active], lookups.peek)
+        for client, (drafter, k) in zip(active, controller.decide(inputs)):
             n = len(client.recorded.output)
             k = max(0, min(k, trace.k_max, n - client.at - 1)) if drafter else 0
             plan.append((drafter, k, _proposal(client.recorded, drafter, k, client.at))
@@ -372,10 +372,11 @@ def replay_batch(trace: Trace, controller: Controller, rows: int,
                                 batch_size=size, batch_tokens=positions, batch_width=widest)
             client.steps.append(record)
             records.append(record)
-        update_batch(controller, records, [client.sim for client in active])
+        controller.observe(Outcome(records, [client.sim for client in active]))
         elapsed += step
         for client in [c for c in active if c.sim.done]:
             active.remove(client)
+            lookups.release(client.sim)
             done[client.recorded.id] = summarise(client.recorded.id, len(client.recorded.prompt),
                                                  client.steps, client.seconds,
                                                  client.recorded.category)

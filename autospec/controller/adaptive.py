@@ -4,13 +4,16 @@ Per request: a discounted Beta per drafter and draft position, seeded from the p
 of the request's workload (the per-workload prior). Shared by all requests of one engine: the
 cost models (draft seconds per token, the batch-1 verify line, the batch line) and the priors.
 
-Each step, one decision for the step's B >= 1 rows (`decide_batch`, docs/controller.md):
-look-ups first (n-gram's proposal bounds its K; no match, no n-gram this step); each row's
+Each step, one decision for the step's B >= 1 rows (`decide`, docs/controller.md):
+look-ups first (a look-up drafter's proposal bounds its K; no match, not that drafter this
+step); each row's
 drafter by Thompson sampling at its share of the step, with hysteresis (a switch re-prefills
 a cache); then every row's K together for the step's goodput, from the posterior means
 (controller/batch.py). After each step: the chosen drafter's estimate and, counterfactually,
-every look-up drafter's: once the target has verified the tokens, what n-gram *would* have
-proposed costs microseconds to score, so its estimate learns even when it is not chosen.
+every look-up drafter's: once the target has verified the tokens, what a look-up drafter
+(`Drafter.peekable`: n-gram, suffix, a registered one) proposed at decide costs microseconds
+to score, so its estimate learns even when it is not chosen. Drafters are known by what their
+classes declare (`peekable`, `cost_hint`), never by name.
 No I/O here, ever: the slow path (daemon) hands new settings in from outside.
 """
 from __future__ import annotations
@@ -22,11 +25,12 @@ import numpy as np
 from autospec.controller.batch import BatchCost, Prices, batch_ks
 from autospec.controller.decide import PLAIN, choose_drafter
 from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
+from autospec.controller.interface import Controller, Decision, Outcome, Step
+from autospec.controller.interface import PLAIN as PLAIN_DECISION
 from autospec.controller.request_state import _RequestState, _score, pooled_evidence
 from autospec.controller.settings import ControllerSettings
 from autospec.controller.thompson import GaussianThompson
 from autospec.drafters.base import drafter_class
-from autospec.drafters.ngram import NgramIndex
 from autospec.telemetry import POOLED, UNLABELLED, StepRecord
 
 MIN_HOT_EVIDENCE = 1.0  # (discounted) drafts after a full accept before that estimate is used
@@ -35,10 +39,10 @@ MIN_CHUNK = 8  # prompt tokens a capped step carries at least: 150 join in <= 19
 
 
 @dataclass
-class AdaptiveController:
-    """A Controller (see engine.loop): decide(request) -> (drafter, k); update(record, request)."""
+class AdaptiveController(Controller):
+    """The Controller (controller/interface.py) every host runs by default."""
     settings: ControllerSettings = field(default_factory=ControllerSettings)
-    available: tuple[str, ...] | None = None  # drafters this engine can run (e.g. no draft model)
+    available: tuple[str, ...] | None = None  # drafters this host can run (e.g. no draft model)
 
     def __post_init__(self):
         s = self.settings
@@ -58,18 +62,19 @@ class AdaptiveController:
         self.drafters = tuple(d for d in self.settings.drafters
                               if self.available is None or d in self.available)
         self.hints = {d: drafter_class(d).cost_hint for d in self.drafters}
-        # look-up drafters besides n-gram (indexed here): their proposal is seen before
-        # deciding (Engine.peek), its length is evidence
-        self.peeking = tuple(d for d in self.drafters
-                             if d != "ngram" and drafter_class(d).peekable)
+        # look-up drafters: their proposal is seen before deciding (the host's peek), its
+        # length is evidence, and it is scored counterfactually when another drafter ran
+        self.peeking = tuple(d for d in self.drafters if drafter_class(d).peekable)
         # drafters that run a model (not look-ups, whose proposal decide has already made)
         self.costly = tuple(d for d in self.drafters if not drafter_class(d).peekable)
 
-    def attach(self, models) -> None:
-        """The engine's pair, before each step: made without `available`, keep the drafters
-        it can run (no feature head, no eagle), once, before any decision."""
-        if self.available is None and not self._requests:
-            self.available = models.runnable_drafters()
+    def bind(self, drafters: tuple[str, ...]) -> None:
+        """The drafters the host can run: the controller keeps those of its own that are
+        among them. Before the first decision only (a host binds before every step: the
+        same names again are a no-op)."""
+        bound = tuple(d for d in self.drafters if d in drafters)
+        if bound != self.drafters and not self._requests:
+            self.available = bound
             self._choose_drafters()
 
     # -- state ---------------------------------------------------------------------------
@@ -105,8 +110,7 @@ class AdaptiveController:
                                                        s.prior_strength, s.discount)
                           for d in self.drafters for hot in (False, True)}
             pooled = pooled_evidence(prior, self.drafters, s.explore_pooled, s.k_max)
-            state = self._requests[request.request_id] = _RequestState(
-                acceptance, ngram=NgramIndex(), pooled=pooled)
+            state = self._requests[request.request_id] = _RequestState(acceptance, pooled=pooled)
             for (drafter, _), estimate in acceptance.items():
                 estimate.explore = self._explore(state, drafter)
         return state
@@ -139,23 +143,20 @@ class AdaptiveController:
         return taken
 
     # -- the fast path -------------------------------------------------------------------
-    def decide(self, request) -> tuple[str | None, int]:  # a batch of one
-        return self.decide_batch([request])[0]
-
     def chunk_budget(self, rows: int, default: int) -> int:
         """Prompt tokens that may ride in the next step of `rows` rows (Engine.advance): with a
         `step_cap`, what fits above a plain step within it at the per-token price, at least
-        MIN_CHUNK (the rows speculate in what is left: decide_batch's `chunk`)."""
+        MIN_CHUNK (the rows speculate in what is left: the Step's `chunk`)."""
         cap = self.settings.step_cap
         prices = self._prices(rows) if cap and (self.costs.observed or self.batch_cost.observed) else None
         if prices is None or prices.per_token <= 0.0:
             return default
         return max(MIN_CHUNK, min(default, int((cap - 1.0) * prices.step(0) / prices.per_token)))
 
-    def decide_batch(self, requests, peek=None, chunk: int = 0) -> list[tuple[str | None, int]]:
-        """(drafter, K) for every row of a step (Engine.advance asks this way), B >= 1 alike:
-        1. each row's look-ups (`peek(request, drafter, k)`, reused by the step; without it,
-           as in replay, n-gram's from the controller's own index): how far it can draft;
+    def decide(self, step: Step) -> list[Decision]:
+        """(drafter, K) for every row of a step, B >= 1 alike:
+        1. each row's look-ups (`step.peek(row, drafter, k)`, which the step reuses): how far
+           each look-up drafter can draft;
         2. each row's drafter at its share of the step (`Prices.shares`), under Thompson
            draws, with hysteresis;
         3. every row's K together for the step's goodput (controller/batch.py `batch_ks`):
@@ -163,17 +164,18 @@ class AdaptiveController:
            gets K = 0 there drafts a look-up drafter's proposal where one has any.
         The prices are the step's at this batch size (`_prices`); `chunk` prompt tokens riding
         in the step (`chunk_budget`) take their price out of a `step_cap`'s bound."""
+        requests, peek, chunk = step.rows, step.peek, step.chunk
         rows = len(requests)
         states = [self._state(request) for request in requests]
         lengths = [self._look_up(state, request, peek) for state, request in zip(states, requests)]
         if self.costs.observed == 0 and self.batch_cost.observed == 0:
-            # first step of the engine's life: measure a plain step first (n-gram looked up
-            # all the same: its index of the prompt is the drafter's work, and the
-            # counterfactual scores this step from it)
-            return [(None, 0)] * rows
+            # first step of the host's life: measure a plain step first (the look-ups made
+            # all the same: indexing the prompt is their work, and the counterfactual scores
+            # this step from them)
+            return [PLAIN_DECISION] * rows
         prices = self._prices(rows)
         if prices is None:
-            return [(None, 0)] * rows
+            return [PLAIN_DECISION] * rows
         drafters, trying = [], set()
         for state, request, length in zip(states, requests, lengths):
             drafter = self._choose(state, request, length, prices, trying)
@@ -199,10 +201,10 @@ class AdaptiveController:
         for state, drafter, k in zip(states, drafters, ks):
             if drafter is None or not k:
                 state.current = PLAIN
-                choices.append((None, 0))
+                choices.append(PLAIN_DECISION)
             else:
                 state.current = self.drafters.index(drafter)
-                choices.append((drafter, max(k, k_min)))
+                choices.append(Decision(drafter, max(k, k_min)))
         return choices
 
     def _prices(self, rows: int) -> Prices | None:
@@ -235,19 +237,14 @@ class AdaptiveController:
                       a + b + c + overhead, jump, width)
 
     def _look_up(self, state: _RequestState, request, peek) -> dict[str, int]:
-        """Each look-up drafter's proposal length now (n-gram's, the peeked ones'): how far it
-        can draft this step (0: not at all)."""
+        """Each look-up drafter's proposal length now: how far it can draft this step (0: not
+        at all); the proposal kept for the counterfactual."""
         lengths = {}
-        if "ngram" in self.drafters:
-            proposal = self._lookup(state, request, peek)
-            state.proposal = (len(request.tokens), proposal)  # the counterfactual reuses it
-            lengths["ngram"] = len(proposal)
-        if self.peeking and peek is not None:
-            for drafter in self.peeking:
-                draft = peek(request, drafter, self.settings.k_max)
-                if draft is not None:
-                    lengths[drafter] = len(draft.tokens)
-                    state.looked[drafter] = (len(request.tokens), draft.tokens)
+        for drafter in self.peeking:
+            draft = peek(request, drafter, self.settings.k_max)
+            if draft is not None:
+                lengths[drafter] = len(draft.tokens)
+                state.looked[drafter] = (len(request.tokens), draft.tokens)
         return lengths
 
     def _choose(self, state: _RequestState, request, lengths: dict[str, int], prices: Prices,
@@ -273,16 +270,6 @@ class AdaptiveController:
         index = choose_drafter(draws, draft_s, shares, limits, state.current,
                                self.settings.hysteresis, switch_s)
         return None if index == PLAIN else names[index]
-
-    def _lookup(self, state: _RequestState, request, peek) -> list[int]:
-        """n-gram's proposal now: the engine's n-gram drafter's look-up (`peek`: what the step
-        would draft, and reuses), else the controller's own index (replay has no engine)."""
-        if peek is not None:
-            draft = peek(request, "ngram", self.settings.k_max)
-            if draft is not None:
-                return draft.tokens
-        state.ngram.sync(request.tokens)
-        return state.ngram.propose(self.settings.k_max)
 
     def _explore(self, state: _RequestState, drafter: str) -> tuple[list, list] | None:
         """The workload's evidence a request's estimates of `drafter` draw with."""
@@ -338,12 +325,10 @@ class AdaptiveController:
             draft_s.append(self._draft_seconds(drafter, prices))
         return batch_ks(means, draft_s, prices, max_step)
 
-    def update(self, record: StepRecord, request) -> None:  # a batch of one
-        self.update_batch([record], [request])
-
-    def update_batch(self, records, requests) -> None:
-        """The step's records of this controller's rows (Engine.advance tells them this way):
-        the step's costs once, then each row's estimates."""
+    def observe(self, outcome: Outcome) -> None:
+        """The step's records of this controller's rows: the step's costs once, then each
+        row's estimates."""
+        records, requests = outcome.records, outcome.rows
         first = records[0]
         if first.batch_size > 1:
             if self.settings.step_cap:  # what its prices at this size read (_prices)
@@ -378,14 +363,8 @@ class AdaptiveController:
             proposed = max(record.proposed, 1)
             self._observe(state, record.drafter, proposed, record.accepted)
             self._pool(request.workload, record.drafter, proposed, record.accepted)
-        if self.settings.counterfactual and "ngram" in self.drafters and record.drafter != "ngram":
-            scored = state.ngram_counterfactual(request.tokens, record.emitted,
-                                                self.settings.k_max)
-            if scored is not None:
-                self._observe(state, "ngram", *scored)
-                self._pool(request.workload, "ngram", *scored)
         if self.settings.counterfactual:
-            # the other look-up drafters' proposals were seen at decide: score them the same way
+            # the look-up drafters' proposals seen at decide, scored against what was verified
             before = len(request.tokens) - record.emitted
             for drafter, (at, proposal) in state.looked.items():
                 if drafter != record.drafter and at == before and proposal:
@@ -394,4 +373,7 @@ class AdaptiveController:
                     self._pool(request.workload, drafter, *scored)
             state.looked.clear()
         if request.done:
-            self._requests.pop(request.request_id, None)
+            self.release(request)
+
+    def release(self, request) -> None:
+        self._requests.pop(request.request_id, None)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autospec.controller.interface import Decision, RowController, Step
 from autospec.telemetry import StepRecord
 
 TIERS = (1, 2, 4, 8)
@@ -13,7 +14,7 @@ DEFAULT_BATCH_TABLE = ((1, 4), (4, 2), (8, 1))
 
 
 @dataclass
-class HFHeuristicController:
+class HFHeuristicController(RowController):
     """transformers' num_assistant_tokens_schedule="heuristic": +2 when every proposed token
     was accepted, else max(1, K - 1). Per request (its "heuristic_transient" variant)."""
     drafter: str = "draft-model"
@@ -21,19 +22,20 @@ class HFHeuristicController:
     k_max: int = 16
     _k: dict = field(default_factory=dict)
 
-    def decide(self, request) -> tuple[str | None, int]:
-        return self.drafter, self._k.setdefault(request.request_id, self.k0)
+    def decide_row(self, request) -> Decision:
+        return Decision(self.drafter, self._k.setdefault(request.request_id, self.k0))
 
-    def update(self, record: StepRecord, request) -> None:
+    def observe_row(self, record: StepRecord, request) -> None:
         k = self._k.get(request.request_id, self.k0)
         full = record.proposed > 0 and record.accepted == record.proposed
         self._k[request.request_id] = min(self.k_max, k + 2) if full else max(1, k - 1)
-        if request.done:
-            self._k.pop(request.request_id, None)
+
+    def release(self, request) -> None:
+        self._k.pop(request.request_id, None)
 
 
 @dataclass
-class EMAController:
+class EMAController(RowController):
     """SGLang's --speculative-adaptive style: an EMA of accepted length mapped to K tiers —
     draft the smallest tier that exceeds what is expected to be accepted."""
     drafter: str = "draft-model"
@@ -41,19 +43,20 @@ class EMAController:
     tiers: tuple[int, ...] = TIERS
     _ema: dict = field(default_factory=dict)
 
-    def decide(self, request) -> tuple[str | None, int]:
+    def decide_row(self, request) -> Decision:
         ema = self._ema.setdefault(request.request_id, float(self.tiers[len(self.tiers) // 2]) - 1)
-        return self.drafter, next((t for t in self.tiers if t > ema), self.tiers[-1])
+        return Decision(self.drafter, next((t for t in self.tiers if t > ema), self.tiers[-1]))
 
-    def update(self, record: StepRecord, request) -> None:
+    def observe_row(self, record: StepRecord, request) -> None:
         ema = self._ema.get(request.request_id, 0.0)
         self._ema[request.request_id] = (1 - self.weight) * ema + self.weight * record.accepted
-        if request.done:
-            self._ema.pop(request.request_id, None)
+
+    def release(self, request) -> None:
+        self._ema.pop(request.request_id, None)
 
 
 @dataclass
-class BatchTableController:
+class BatchTableController(RowController):
     """vLLM's and TensorRT-LLM's batch size -> K table (TRT-LLM's draft_len_schedule): every
     row of a batch drafts the K of the smallest table size >= the batch size; above the
     largest size, K = 0 (plain decoding). Blind to acceptance: the baseline a cost model beats."""
@@ -63,12 +66,9 @@ class BatchTableController:
     def k_for(self, batch_size: int) -> int:
         return next((k for size, k in self.table if batch_size <= size), 0)
 
-    def decide_batch(self, requests, peek=None) -> list[tuple[str | None, int]]:
-        k = self.k_for(len(requests))
-        return [(self.drafter if k else None, k)] * len(requests)
+    def decide(self, step: Step) -> list[Decision]:
+        k = self.k_for(len(step.rows))
+        return [Decision(self.drafter if k else None, k)] * len(step.rows)
 
-    def decide(self, request) -> tuple[str | None, int]:
-        return self.decide_batch([request])[0]  # a request on its own: a batch of one
-
-    def update(self, record: StepRecord, request) -> None:
-        pass
+    def decide_row(self, request) -> Decision:
+        return self.decide(Step([request], None))[0]  # a request on its own: a batch of one

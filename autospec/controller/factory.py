@@ -7,7 +7,7 @@ from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.drafters.base import DEFAULT_DRAFTERS
 from autospec.controller.baselines import (DEFAULT_BATCH_TABLE, BatchTableController, EMAController,
                                            HFHeuristicController)
-from autospec.engine.request import Controller, StaticController
+from autospec.controller.interface import Controller, StaticController
 
 NAMES = ("plain", "static:DRAFTER:K", "adaptive", "adaptive:POLICY.yaml", "ctl:fixed[:DRAFTER:K]",
          "ctl:hf-heuristic[:DRAFTER]", "ctl:ema[:DRAFTER]", "ctl:batch-table[:DRAFTER[:TABLE]]")

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autospec.controller.estimates import AcceptanceEstimate
-from autospec.drafters.ngram import NgramIndex
-from autospec.engine.accept import agreeing_prefix
+from autospec.drafters.base import agreeing_prefix
 
 
 @dataclass
@@ -22,26 +21,11 @@ class _RequestState:
     hot: dict[str, bool] = field(default_factory=dict)  # drafter -> last draft fully accepted
     current: int | None = None  # the drafter index last chosen (PLAIN = none)
     used: set = field(default_factory=set)  # drafters that have run in this request
-    ngram: NgramIndex | None = None  # the request's context, indexed for counterfactuals
-    proposal: tuple[int, list[int]] = (-1, [])  # (context length, n-gram proposal) at decide
-    looked: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # peeked drafter ->
+    looked: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # look-up drafter ->
     # (context length, its proposal) at decide, scored counterfactually when another ran
     # [accepted, rejected] x D x k_max: the workload's pooled evidence the drafter-choice
     # draws add (explore_pooled)
     pooled: list | None = None
-
-    def ngram_counterfactual(self, tokens: list[int], emitted: int,
-                             k_max: int) -> tuple[int, int] | None:
-        """(proposed, accepted) n-gram would have scored on the step just verified, whose
-        `emitted` tokens end `tokens` (None when it had nothing to propose). Only those are
-        known to be the target's; a proposal longer than that is censored there."""
-        before = len(tokens) - emitted
-        at, proposal = self.proposal
-        if at != before:  # not looked up at decide (the engine's first step): now
-            self.ngram.sync(tokens)  # O(new tokens); it answers for the prefix too
-            proposal = self.ngram.propose(k_max, at=before)
-        # nothing to draft: the decision rules n-gram out of such steps
-        return _score(proposal, tokens[before:]) if proposal else None
 
 
 def _score(proposal: list[int], verified: list[int]) -> tuple[int, int]:

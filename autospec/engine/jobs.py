@@ -10,8 +10,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from autospec.engine.request import (Controller, Generation, Job, Proposal, Request,
-                                     StaticController, decide_batch, update_batch)
+from autospec.controller.interface import Controller, Outcome, StaticController, Step
+from autospec.engine.request import Generation, Job, Proposal, Request
 
 if TYPE_CHECKING:
     from autospec.engine.loop import Engine
@@ -75,6 +75,7 @@ def run_jobs(self: "Engine", jobs: Iterable[Job], controller: Controller | None 
     finally:  # a run that fails (a job that cannot start, closed loop): free the rows
         for request in active.values():
             self.abandon(request)
+            controller.release(request)
     return results
 
 
@@ -118,16 +119,18 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
     peek = functools.partial(self.peek, looked)
     choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
     chunk, budget = None, 0
-    if joining is not None:  # what a controller with a step bound lets ride (chunk_budget)
+    runnable = self.models.runnable_drafters()
+    for controller, _ in groups.values():
+        controller.bind(runnable)  # the pair it drives (the same names again: a no-op)
+    if joining is not None:  # what the controllers let ride beside their rows
         budget = min([self.prefill_chunk] + [
             controller.chunk_budget(len(rows), self.prefill_chunk)
-            for controller, _ in groups.values() if hasattr(controller, "chunk_budget")])
+            for controller, _ in groups.values()])
         budget = min(budget, self.unfilled(joining))
         if budget < self.unfilled(joining):
             chunk = (joining, budget)
     for controller, indices in groups.values():
-        getattr(controller, "attach", lambda models: None)(self.models)  # the pair it drives
-        decided = decide_batch(controller, [rows[i][0] for i in indices], peek, budget)
+        decided = controller.decide(Step([rows[i][0] for i in indices], peek, budget))
         for i, choice in zip(indices, decided):
             choices[i] = choice
     t1 = time.perf_counter()
@@ -147,7 +150,7 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
     for record in records:
         record.overhead_seconds = overhead
     for controller, indices in groups.values():
-        update_batch(controller, [records[i] for i in indices], [rows[i][0] for i in indices])
+        controller.observe(Outcome([records[i] for i in indices], [rows[i][0] for i in indices]))
     # less the drafters' look-ups the controllers made (charged as draft seconds)
     lookups = sum(p.seconds for proposals in looked.values() for p in proposals.values())
     share = ((t1 - t0) + (time.perf_counter() - t2) - lookups) / len(records)

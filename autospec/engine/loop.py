@@ -32,8 +32,8 @@ from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, creat
 from autospec.drafters.draft_model import DraftRow
 from autospec.engine.accept import MAX_TOP_LOGPROBS, accept_rows, token_logprobs
 from autospec.engine.jobs import advance_rows, decode_rows, run_jobs
-from autospec.engine.request import (Controller, Generation, Proposal, Request, Round,
-                                     StaticController)
+from autospec.controller.interface import Controller, StaticController
+from autospec.engine.request import Generation, Proposal, Request, Round
 from autospec.models.attention import pack_rows
 from autospec.models.kv import RowCache, cache_kwarg
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes

@@ -2,7 +2,8 @@
 
 `Request` is one generation in flight: its tokens, its row of the engine's KV cache, its
 drafters and its steps. `Round` is one request's part of a step between propose and observe.
-A `Controller` decides (drafter, k) for each row before the step; the step decides nothing.
+A controller (controller/interface.py) decides (drafter, k) for each row before the step; the
+step decides nothing.
 """
 from __future__ import annotations
 
@@ -10,61 +11,12 @@ import atexit
 import gc
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
 
 import torch
 
 from autospec.drafters.base import Draft, Drafter
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import RequestRecord, StepRecord
-
-
-class Controller(Protocol):
-    """Chooses (drafter name or None, k) before each step; told each step's record after.
-    A controller may also decide for a whole batch at once (`decide_batch(requests, peek)`:
-    `peek(request, drafter, k)` is the proposal a look-up drafter would make now, which the
-    step then reuses), be told a whole batch's records at once (`update_batch(records,
-    requests)`), and be told the pair it runs on before each step (`attach(models)`)."""
-    def decide(self, request: "Request") -> tuple[str | None, int]: ...
-    def update(self, record: StepRecord, request: "Request") -> None: ...
-
-
-Peek = Callable[["Request", str, int], "Draft | None"]
-
-
-def decide_batch(controller: Controller, requests: Sequence["Request"],
-                 peek: Peek | None = None, chunk: int = 0) -> list[tuple[str | None, int]]:
-    """A (drafter or None, k) per row: the controller's own batch decision when it has one
-    (`decide_batch`, e.g. a batch size -> K table), else row by row (`decide`). `chunk`:
-    prompt tokens riding in the step, told to a controller that budgets them (`chunk_budget`)."""
-    batch = getattr(controller, "decide_batch", None)
-    if batch and chunk and hasattr(controller, "chunk_budget"):
-        return batch(requests, peek, chunk)
-    return batch(requests, peek) if batch else [controller.decide(r) for r in requests]
-
-
-def update_batch(controller: Controller, records: Sequence[StepRecord],
-                 requests: Sequence["Request"]) -> None:
-    """Tell the controller its rows' records of one step: at once where it takes a batch."""
-    batch = getattr(controller, "update_batch", None)
-    if batch:
-        batch(records, requests)
-    else:
-        for record, request in zip(records, requests):
-            controller.update(record, request)
-
-
-@dataclass
-class StaticController:
-    """The same (drafter, k) every step; (None, 0) is plain decoding."""
-    drafter: str | None
-    k: int
-
-    def decide(self, request: "Request") -> tuple[str | None, int]:
-        return self.drafter, self.k
-
-    def update(self, record: StepRecord, request: "Request") -> None:
-        pass
 
 
 _heap_collected = False

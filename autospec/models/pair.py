@@ -52,6 +52,7 @@ class ModelPair:
     # last hidden states beside its KV cache, for the `eagle` drafter
     eagle: nn.Module | None = None
     _exit_views: dict = field(default_factory=dict, repr=False)  # depth -> early-exit model
+    _runnable: tuple[str, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.exit_model is not None:  # at its depth, the trained exit is the view
@@ -72,9 +73,12 @@ class ModelPair:
 
     def runnable_drafters(self) -> tuple[str, ...]:
         """Every registered drafter this pair can run (a controller picks among the ones its
-        settings list: the suffix drafter, opt-in, among them)."""
-        from autospec.drafters.base import known_drafters
-        return self.available_drafters(tuple(known_drafters()))
+        settings list: the suffix drafter, opt-in, among them). Asked before every step
+        (Controller.bind): found once."""
+        if self._runnable is None:
+            from autospec.drafters.base import known_drafters
+            self._runnable = self.available_drafters(tuple(known_drafters()))
+        return self._runnable
 
     @property
     def max_positions(self) -> int:

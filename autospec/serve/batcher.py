@@ -26,7 +26,8 @@ from typing import Callable
 import torch
 
 from autospec.engine.loop import Engine
-from autospec.engine.request import Controller, Request
+from autospec.controller.interface import Controller
+from autospec.engine.request import Request
 
 OnTokens = Callable[[list[int], bool], None]  # (tokens appended by a step, the request ended)
 
@@ -162,6 +163,7 @@ class DecodeLoop:
         except Exception as exc:  # a bug, not a request's fault: fail the batch, keep serving
             for row in active:
                 self.engine.abandon(row.request)
+                row.controller.release(row.request)
                 _deliver(row.ticket.done, exc=exc)
             return []
         still = []
@@ -171,9 +173,11 @@ class DecodeLoop:
                     row.on_tokens(tokens, row.request.done)
                 done = row.request.done  # or ended by on_tokens (a stop string)
                 if done:
+                    row.controller.release(row.request)  # a stop string: after its record
                     generation = self.engine.finish(row.request)
             except Exception as exc:
                 self.engine.abandon(row.request)
+                row.controller.release(row.request)
                 _deliver(row.ticket.done, exc=exc)
                 continue
             if done:

@@ -6,6 +6,7 @@ from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.decide import PLAIN, decide_step
 from autospec.controller.estimates import AcceptanceEstimate, CostModel
 from autospec.controller.formulas import expected_tokens, speedup
+from autospec.controller.interface import Lookups, Outcome, Step, decide_one, observe_one
 
 
 def test_expected_tokens_matches_closed_form_for_flat_alpha():
@@ -140,14 +141,14 @@ def test_controller_seconds_are_the_time_in_decide_and_update(tiny_pair, clock):
     fake clock a decide costs 2 ms, an update 1 ms, a draft DRAFT_S and a verify VERIFY_S, so
     each step's controller seconds are exactly 3 ms, and 0 with a controller that costs nothing."""
     from autospec.engine.loop import Engine
-    from autospec.engine.request import StaticController
+    from autospec.controller.interface import StaticController
 
     class Slow(StaticController):
-        def decide(self, request):
+        def decide(self, step):
             clock.spend(0.002)
-            return super().decide(request)
+            return super().decide(step)
 
-        def update(self, record, request):
+        def observe(self, outcome):
             clock.spend(0.001)
 
     engine = Engine(tiny_pair)
@@ -197,10 +198,10 @@ def test_ngram_is_drafted_only_as_far_as_its_proposal_reaches():
     ctl.costs.observe_verify(1, 0.01)
     ctl.costs.observe_draft("ngram", 1e-6, 1)
     fresh = SimRequest("a", [5, 6, 7, 8], 4, None)  # no suffix recurs: nothing to propose
-    assert ctl.decide(fresh) == (None, 0)
+    assert decide_one(ctl, fresh) == (None, 0)
     # the suffix (7, 8) recurred with three tokens after it (9, 7, 8): at most 3 can be drafted
     short = SimRequest("b", [7, 8, 9, 7, 8], 5, None)
-    drafter, k = ctl.decide(short)
+    drafter, k = decide_one(ctl, short)
     assert drafter == "ngram" and 1 <= k <= 3
 
 

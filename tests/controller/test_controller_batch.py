@@ -11,6 +11,7 @@ from autospec.controller.batch import BatchCost, Prices, batch_ks
 from autospec.engine.loop import Engine
 from autospec.engine.request import Job
 from autospec.telemetry import StepRecord
+from autospec.controller.interface import Lookups, Outcome, Step, decide_one, observe_one
 
 
 def line_prices(rows: int, a: float, b: float, c: float, k_max: int = 16) -> Prices:
@@ -119,22 +120,22 @@ def test_the_controller_stops_speculating_when_the_batch_cost_says_so():
     # batch 1 measured: a flat forward, n-gram right every time
     for step in range(30):
         for request in rows[:1]:
-            drafter, k = controller.decide(request)
-            controller.update(StepRecord(request.request_id, step, drafter or "none", k, k, k,
+            drafter, k = decide_one(controller, request)
+            observe_one(controller, StepRecord(request.request_id, step, drafter or "none", k, k, k,
                                          k + 1, 0.0, 0.010 + 0.0002 * k, k + 1, 100, 0, 0.0),
                               request)
-    assert controller.decide_batch(rows[:1])[0][0] == "ngram"
+    assert controller.decide(Step(rows[:1], Lookups().peek))[0][0] == "ngram"
     # a batch of 16 whose every drafted token costs more than a row's plain share (5 ms):
     # speculation no longer pays, even at full acceptance
     for _ in range(8):
         for request in rows:
-            controller.update(StepRecord(request.request_id, 0, "none", 0, 0, 0, 1, 0.0,
+            observe_one(controller, StepRecord(request.request_id, 0, "none", 0, 0, 0, 1, 0.0,
                                          0.001 * 16 * 5, 1, 100, 0, 0.0, batch_size=16,
                                          batch_tokens=16), request)
-            controller.update(StepRecord(request.request_id, 0, "ngram", 4, 4, 4, 5, 0.0,
+            observe_one(controller, StepRecord(request.request_id, 0, "ngram", 4, 4, 4, 5, 0.0,
                                          0.001 * 16 * 5 * 8, 5, 100, 0, 0.0, batch_size=16,
                                          batch_tokens=80), request)
-    choices = controller.decide_batch(rows)
+    choices = controller.decide(Step(rows, Lookups().peek))
     assert all(k == 0 for _, k in choices), choices
 
 
@@ -158,9 +159,10 @@ def test_a_batch_step_s_overhead_is_learnt_once_per_step_per_row():
     rows = [SimRequest(f"r{i}", [1, 2, 3, 4], 4, "w") for i in range(4)]
 
     def step(overhead: float) -> None:
-        controller.update_batch([StepRecord(r.request_id, 0, "none", 0, 0, 0, 1, 0.0, 0.01, 1, 4,
-                                            0, 0.0, batch_size=4, batch_tokens=4, batch_width=1,
-                                            overhead_seconds=overhead) for r in rows], rows)
+        controller.observe(Outcome([StepRecord(r.request_id, 0, "none", 0, 0, 0, 1, 0.0, 0.01, 1,
+                                               4, 0, 0.0, batch_size=4, batch_tokens=4,
+                                               batch_width=1, overhead_seconds=overhead)
+                                    for r in rows], rows))
     step(0.004)
     step(0.008)
     cost = controller.batch_cost
@@ -177,9 +179,9 @@ def test_a_row_that_went_plain_for_want_of_a_match_drafts_at_the_next_match():
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",)))
     controller.costs.observe_verify(1, 0.01)  # a plain step measured: decisions may begin
     no_match = SimRequest("r", [1, 2, 3, 4], 4, "w")
-    assert controller.decide(no_match) == (None, 0)
+    assert decide_one(controller, no_match) == (None, 0)
     no_match.tokens += [1, 2, 3]  # "1 2 3" recurs: n-gram has a proposal now
-    drafter, k = controller.decide(no_match)
+    drafter, k = decide_one(controller, no_match)
     assert drafter == "ngram" and k >= 1
 
 
@@ -190,10 +192,10 @@ def test_a_batch_decodes_plain_until_its_cost_is_measured():
                                                        prior_means={"ngram": 0.95}))
     controller.costs.observe_verify(1, 0.010)
     rows = _rows(4)
-    assert controller.decide_batch(rows) == [(None, 0)] * 4
+    assert controller.decide(Step(rows, Lookups().peek)) == [(None, 0)] * 4
     for _ in range(5):
         controller.batch_cost.observe(4, 4, 0.012)  # 4 plain rows cost 1.2 rows: memory-bound
-    assert all(drafter == "ngram" and k >= 1 for drafter, k in controller.decide_batch(rows))
+    assert all(drafter == "ngram" and k >= 1 for drafter, k in controller.decide(Step(rows, Lookups().peek)))
 
 
 def _costly_drafter_controller() -> AdaptiveController:
@@ -224,11 +226,11 @@ def test_a_drafter_that_stalls_the_batch_is_priced_for_the_batch():
     not in a batch of 16 — before the batch's cost is measured (a memory-bound forward
     assumed) and after, when the rows draft with n-gram instead."""
     controller = _costly_drafter_controller()
-    assert controller.decide(_rows(1)[0])[0] == "draft-model"
+    assert decide_one(controller, _rows(1)[0])[0] == "draft-model"
     rows = _rows(16)
-    assert "draft-model" not in {drafter for drafter, _ in controller.decide_batch(rows)}
+    assert "draft-model" not in {drafter for drafter, _ in controller.decide(Step(rows, Lookups().peek))}
     _measure_batch(controller)
-    choices = controller.decide_batch(rows)
+    choices = controller.decide(Step(rows, Lookups().peek))
     assert {drafter for drafter, _ in choices} == {"ngram"} and all(k >= 1 for _, k in choices)
 
 
@@ -244,7 +246,7 @@ def test_a_row_whose_drafter_the_batch_will_not_pay_for_drafts_with_ngram():
     rows = _rows(16)
     _measure_batch(controller)
     controller.thompson.draws = lambda estimates, limits: [[0.3] * 16, [1.0] * 16]  # lucky
-    choices = controller.decide_batch(rows)
+    choices = controller.decide(Step(rows, Lookups().peek))
     assert {drafter for drafter, _ in choices} == {"ngram"} and all(k >= 1 for _, k in choices)
 
 
@@ -260,10 +262,10 @@ def test_one_row_a_step_tries_a_model_drafter_nobody_has_run():
     controller.costs.observe_draft("draft-model", 0.0001, 1)  # cheap a token (a warm start)
     rows = _rows(8)
     _measure_batch(controller)
-    chosen = [drafter for drafter, _ in controller.decide_batch(rows)]
+    chosen = [drafter for drafter, _ in controller.decide(Step(rows, Lookups().peek))]
     assert chosen.count("draft-model") == 1, chosen
     controller.costs.observe_prefill("draft-model", 0.0001, 0, 8)  # its start-up, measured
-    assert all(drafter == "draft-model" for drafter, _ in controller.decide_batch(rows))
+    assert all(drafter == "draft-model" for drafter, _ in controller.decide(Step(rows, Lookups().peek)))
 
 
 def test_a_drafted_step_s_jump_goes_stale_without_drafted_steps():
@@ -302,9 +304,9 @@ def test_a_step_cap_bounds_the_controller_s_k_at_batch_1():
         request = SimRequest("r", period * 3, 120, "copy")
         ks = []
         for step in range(40):
-            drafter, k = controller.decide(request)
+            drafter, k = decide_one(controller, request)
             ks.append(k)
-            controller.update(StepRecord("r", step, drafter or "none", k, k, k, k + 1, 0.0,
+            observe_one(controller, StepRecord("r", step, drafter or "none", k, k, k, k + 1, 0.0,
                                          0.010 + 0.0005 * k, k + 1, 100, 0, 0.0), request)
         assert max(ks[10:]) == k_bound, (cap, ks)  # once the verify line is measured
 
@@ -317,13 +319,13 @@ def test_under_a_step_cap_a_prompt_chunk_takes_the_room_above_a_plain_step():
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",), step_cap=1.25))
     request = SimRequest("r", period * 3, 120, "copy")
     for step in range(40):
-        drafter, k = controller.decide(request)
-        controller.update(StepRecord("r", step, drafter or "none", k, k, k, k + 1, 0.0,
+        drafter, k = decide_one(controller, request)
+        observe_one(controller, StepRecord("r", step, drafter or "none", k, k, k, k + 1, 0.0,
                                      0.010 + 0.0001 * k, k + 1, 100, 0, 0.0), request)
     assert controller.chunk_budget(1, 64) in (24, 25)
     assert controller.chunk_budget(1, 16) == 16
-    assert controller.decide_batch([request])[0][1] >= 8
-    assert controller.decide_batch([request], chunk=25) == [(None, 0)]
+    assert controller.decide(Step([request], Lookups().peek))[0][1] >= 8
+    assert controller.decide(Step([request], Lookups().peek, 25)) == [(None, 0)]
     assert AdaptiveController(ControllerSettings(drafters=("ngram",))).chunk_budget(1, 64) == 64
 
 

@@ -9,6 +9,7 @@ from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.estimates import CostModel
 from autospec.bench.trace import SimRequest
 from autospec.telemetry import StepRecord
+from autospec.controller.interface import Lookups, Outcome, Step, decide_one, observe_one
 
 PERIOD = list(range(100, 140))  # a 40-token cycle: the prompt holds it twice, the output repeats it
 
@@ -23,7 +24,7 @@ def run(controller, steps: int = 600, slow_forwards: int = 3, slowdown: float = 
     request = SimRequest("r", PERIOD * 2, 2 * len(PERIOD), "copy-heavy")
     slow_left, chosen = slow_forwards, []
     for step in range(steps):
-        drafter, k = controller.decide(request)
+        drafter, k = decide_one(controller, request)
         k = k if drafter else 0
         seconds = true_verify_seconds(k)
         if k and slow_left:
@@ -32,7 +33,7 @@ def run(controller, steps: int = 600, slow_forwards: int = 3, slowdown: float = 
         # the target's output continues the cycle, so an n-gram draft of length k is all right
         emitted = [PERIOD[(len(request.tokens) + i) % len(PERIOD)] for i in range(k + 1)]
         request.tokens.extend(emitted)
-        controller.update(StepRecord("r", step, drafter or "none", k, k, k, k + 1,
+        observe_one(controller, StepRecord("r", step, drafter or "none", k, k, k, k + 1,
                                      1e-5 * k, seconds, k + 1, context, 0, 0.0), request)
         chosen.append((drafter, k))
     return chosen

@@ -9,7 +9,7 @@ from autospec.bench.harness import Prompt
 from autospec.bench.trace import Trace, TraceRequest, record, replay
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.formulas import speedup
-from autospec.engine.request import StaticController
+from autospec.controller.interface import StaticController
 from conftest import REPO_ROOT
 
 PROMPTS = [Prompt("a", "def f(x):\n    return x\n" * 3, "copy"),

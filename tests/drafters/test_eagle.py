@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from autospec.engine.loop import Engine
-from autospec.engine.request import Job, StaticController
+from autospec.controller.interface import StaticController
+from autospec.engine.request import Job
 from autospec.models.eagle_head import EagleHead, load_eagle_head, save_eagle_head
 from autospec.models.pair import ModelLoadError, ModelPair, load_pair
 from conftest import KS, IdTokenizer, assert_lossless, counting_llama, random_llama

@@ -16,7 +16,7 @@ import torch
 from autospec.engine.loop import Engine
 
 from autospec.engine.request import Job
-from autospec.engine.request import StaticController
+from autospec.controller.interface import RowController, StaticController
 from autospec.models.sampling import SamplingParams
 from autospec.models.pair import ModelPair
 from autospec.telemetry import StepRecord
@@ -27,17 +27,14 @@ MIX = [(None, 0), ("ngram", 4), ("draft-model", 2)]  # row j drafts with MIX[j %
 WORKLOAD = REPO_ROOT / "configs" / "workloads" / "reference.jsonl"
 
 
-class PerRow:
+class PerRow(RowController):
     """Each request keeps the (drafter, k) its job index picks: a mixed batch."""
 
     def __init__(self, mix):
         self.mix = mix
 
-    def decide(self, request):
+    def decide_row(self, request):
         return self.mix[int(request.request_id.split("-")[1]) % len(self.mix)]
-
-    def update(self, record, request):
-        pass
 
 
 def jobs(prompts, n):
@@ -104,15 +101,14 @@ def test_rows_join_and_leave_and_slots_are_reused(tiny_pair):
 
 
 def test_controller_sees_every_row_and_its_batch():
-    """A batch controller (decide_batch) is asked once per step with all rows; a per-request
-    controller's update is called for each row after the step."""
+    """A controller is asked once per step with all its rows."""
     pair = ModelPair(random_llama(12, seed=0), IdTokenizer())
     calls = []
 
     class Batchwise(StaticController):
-        def decide_batch(self, requests, peek=None):
-            calls.append(len(requests))
-            return [(None, 0)] * len(requests)
+        def decide(self, step):
+            calls.append(len(step.rows))
+            return [(None, 0)] * len(step.rows)
 
     Engine(pair, max_batch=3, max_len=32).run(
         [Job([1, 2, 3], n) for n in (2, 5, 3, 4)], Batchwise(None, 0))

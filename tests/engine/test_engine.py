@@ -4,7 +4,7 @@ import torch
 
 from autospec.drafters.base import create_drafter
 from autospec.engine.loop import Engine
-from autospec.engine.request import StaticController
+from autospec.controller.interface import StaticController
 
 
 def test_rollback_keeps_cache_at_context_length(tiny_engine):

@@ -7,7 +7,7 @@ and never use a proposal looked up at another context.
 """
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.engine.loop import Engine
-from autospec.engine.request import StaticController
+from autospec.controller.interface import StaticController
 from conftest import REPO_ROOT
 
 PROMPT = "def f(x):\n    return x + 1\n\ndef g(x):\n    return x + 1\n\ndef f(x):\n"
@@ -66,8 +66,8 @@ def test_the_loop_hands_the_controller_its_look_ups_and_charges_them_as_drafting
     seen = []
 
     class Peeking(StaticController):
-        def decide_batch(self, requests, peek=None):
-            seen.append(peek(requests[0], "ngram", 8))
+        def decide(self, step):
+            seen.append(step.peek(step.rows[0], "ngram", 8))
             return [("ngram", 4)]
 
     tiny_engine.advance([(request, Peeking("ngram", 4))])

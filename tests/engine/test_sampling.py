@@ -17,7 +17,8 @@ import torch
 
 from autospec.engine.loop import Engine
 
-from autospec.engine.request import Job, StaticController
+from autospec.controller.interface import StaticController
+from autospec.engine.request import Job
 from autospec.models.eagle_head import EagleHead
 from autospec.models.pair import ModelPair
 from autospec.models.sampling import SamplingParams

@@ -9,7 +9,7 @@ import pytest
 
 from autospec.bench.harness import load_prompts, prompt_ids
 from autospec.engine.loop import Engine
-from autospec.engine.request import StaticController
+from autospec.controller.interface import StaticController
 from conftest import REPO_ROOT
 
 CHAT = REPO_ROOT / "configs" / "workloads" / "chat.jsonl"
