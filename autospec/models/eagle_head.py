@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from autospec.models.forward import head_forward, head_fits
+from autospec.models.kv import cache_kwarg
 from autospec.models.shared_draft import SubsetHead
 
 CONFIG_KEY = "autospec_eagle"
@@ -89,8 +90,10 @@ class EagleHead(nn.Module):
         """`forward` through transformers' decoder layer (training; any other layer)."""
         x = self.fc(torch.cat([self.embed(input_ids).to(features.dtype), features], -1))
         cos_sin = self.rotary(x, position_ids)
+        # the layer's cache argument is `cache` from transformers 5.20, `past_key_values` before
         x = self.layer(x, attention_mask=attention_mask, position_ids=position_ids,
-                       cache=cache, use_cache=cache is not None, position_embeddings=cos_sin)
+                       **{cache_kwarg(self.layer): cache}, use_cache=cache is not None,
+                       position_embeddings=cos_sin)
         return self.norm(x)
 
 
