@@ -155,7 +155,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
                 progress(f"repeat {r + 1}/{repeats}, prompt {r * len(prompts) + i + 1}/{total}: {p.id}")
     categories = sorted({p.category for p in prompts})
     report = {"methods": {}, "measured": measure_costs(data, engine),
-              "models": _models(engine), "machine": _machine(),
+              "models": _models(engine), "machine": machine_info(),
               "settings": {"repeats": repeats, "max_new_tokens": max_new_tokens,
                            "temperature": temperature, "seed": seed, "prompts": len(prompts),
                            "categories": categories}}
@@ -389,7 +389,7 @@ def own_params(model, target) -> int:
     return sum(p.numel() for p in model.parameters() if id(p) not in shared)
 
 
-def _machine() -> dict:
+def machine_info() -> dict:
     copy_gbs, matmul_gflops = peaks()  # the host's (the roofline uses the target's device)
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),

@@ -125,7 +125,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
         plain = median.get("plain")
         steps = [s for run in median.values() for r in run.results for s in r.step_records or []]
         out[str(level)] = {"methods": {
-            spec: _method_stats(run, prompts, categories, plain, temperature == 0)
+            spec: method_stats(run, prompts, categories, plain, temperature == 0)
             for spec, run in median.items()},
             "roofline": roofline(steps, engine.models.target, *peaks(engine.models.target))}
     return out
@@ -187,7 +187,7 @@ def _run_generate(engine: Engine, jobs: list[Job], level: int) -> LoadRun:
     return run
 
 
-def _method_stats(run: LoadRun, prompts: list[Prompt], categories: list[str],
+def method_stats(run: LoadRun, prompts: list[Prompt], categories: list[str],
                   plain: LoadRun | None, greedy: bool) -> dict:
     scopes = {OVERALL: range(len(prompts))}
     scopes.update({c: [i for i, p in enumerate(prompts) if p.category == c] for c in categories})

@@ -67,6 +67,15 @@ def _parsed(module: str, parse: str):
                    "throughput, TTFT, ITL, queue wait, completed, refused; the JSON's arrivals.")
 @click.option("--rows", default=16, show_default=True, type=click.IntRange(min=1),
               help="With --arrivals: the engine's rows (requests decoded at once; the rest queue).")
+@click.option("--engine", "engine_name", default="autospec", show_default=True,
+              type=click.Choice(["autospec", "vllm"]),
+              help="vllm: decode with vLLM (pip install -e '.[vllm]'); methods plain, "
+                   "vllm:ngram:K, vllm:eagle:K, vllm:dynamic:TABLE, adaptive[:POLICY.yaml] (autospec's "
+                   "proposer inside vLLM) and ours:METHOD (autospec's engine beside it). "
+                   "docs/vllm.md.")
+@click.option("--num-speculative-tokens", "k_limit", default=8, show_default=True,
+              type=click.IntRange(min=1),
+              help="With --engine vllm: the K limit vLLM gives autospec's proposer (adaptive).")
 @pair_option
 @target_option
 @draft_option
@@ -74,8 +83,8 @@ def _parsed(module: str, parse: str):
 @dtype_option
 @drafter_options_option
 def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, limit, json_path,
-          record_path, record_k_max, concurrency, plot_path, schedule, rows, prefill_chunk, pair,
-          target, draft, dtype, drafter_options):
+          record_path, record_k_max, concurrency, plot_path, schedule, rows, engine_name, k_limit,
+          prefill_chunk, pair, target, draft, dtype, drafter_options):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
     from autospec.bench.harness import load_prompts, run_bench
     from autospec.bench.table import format_table
@@ -86,7 +95,7 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
         raise click.UsageError("--plot draws the figures under load: give --concurrency too "
                                "(e.g. --concurrency 1,4,16)")
     try:
-        method_list = parse_methods(methods)
+        method_list = parse_methods(methods) if engine_name == "autospec" else []
         prompts = load_prompts(prompts_path or named_pair(pair or DEFAULT_PAIR).workload("bench"))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
@@ -95,6 +104,11 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
         prompts = [p for p in prompts if seen.setdefault(p.category, 0) < limit
                    and not seen.__setitem__(p.category, seen[p.category] + 1)]
     engine = load_engine(target, draft, dtype, pair, drafter_options)
+    if engine_name == "vllm":
+        from autospec.cli.bench_vllm import bench_vllm
+        return bench_vllm(engine, prompts, methods, DEFAULT_METHODS, k_limit, concurrency or [1],
+                          repeats, max_new_tokens, temperature, seed, dtype, pair, target,
+                          prompts_path, schedule, record_path, plot_path, json_path)
     available = engine.models.available_drafters()
     skipped = [m for m in method_list if not set(m.needs_drafters) <= set(available)]
     if skipped and methods == DEFAULT_METHODS:

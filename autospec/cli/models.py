@@ -1,4 +1,5 @@
-"""`autospec models build` (train a pair from the stdlib's sources) and `fetch` (a real model)."""
+"""`autospec models build` (train a pair from the stdlib's sources), `fetch` (a real model) and
+`export` (a pair's feature head for vLLM)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -67,4 +68,47 @@ def fetch(name: str, quiet: bool) -> None:
         path = run_fetch(name, quiet=quiet, log=lambda m: click.echo(m, err=True))
     except FetchError as exc:
         raise click.ClickException(str(exc)) from None
+    click.echo(str(path))
+
+
+@models.command()
+@click.option("--pair", "pair_name", required=True, metavar="NAME",
+              help="The pair whose feature head to export (smollm2 ships one).")
+@click.option("--format", "fmt", default="vllm-eagle", show_default=True, metavar="FORMAT",
+              help="Output format: vllm-eagle (a checkpoint vLLM loads with "
+                   "speculative_config method 'eagle').")
+@click.option("--head", "head_dir", type=click.Path(path_type=Path),
+              help="A feature head directory (default: the pair's shipped head), e.g. one "
+                   "`models build --preset smollm2-eagle` made.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path),
+              help="Output directory (default: <cache>/models/PAIR-FORMAT).")
+def export(pair_name: str, fmt: str, head_dir: Path | None, out_dir: Path | None) -> None:
+    """Export a pair's feature head for another engine; prints the output directory.
+
+    vllm-eagle: vLLM's EagleMistralForCausalLM (the head's weights renamed, the target's
+    embedding and LM head shared at load); its config records the target it was made for,
+    and `autospec.vllm.export.check_vllm_eagle(DIR, TARGET)` refuses another (vLLM does
+    not check). Run it with:
+
+    \b
+    vllm serve TARGET --speculative-config \\
+        '{"method": "eagle", "model": "DIR", "num_speculative_tokens": 3}'
+    """
+    from autospec.models.pair import ModelLoadError
+    from autospec.models.pairs import PAIRS, named_pair
+    from autospec.paths import model_dir, user_path
+    from autospec.vllm.export import FORMATS, ExportError, export_vllm_eagle
+    if fmt not in FORMATS:
+        raise click.ClickException(f"unknown format '{fmt}' (accepted: {', '.join(FORMATS)})")
+    if pair_name not in PAIRS:
+        raise click.ClickException(f"unknown pair '{pair_name}' "
+                                   f"(known: {', '.join(sorted(PAIRS))})")
+    spec = named_pair(pair_name)
+    out = user_path(out_dir) if out_dir else model_dir(f"{pair_name}-{fmt}")
+    try:
+        path = export_vllm_eagle(pair_name, out, head=user_path(head_dir) if head_dir else None)
+    except (ExportError, ModelLoadError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"exported for {spec.target()}: vLLM speculative_config "
+               f'{{"method": "eagle", "model": "{path}", "num_speculative_tokens": K}}', err=True)
     click.echo(str(path))

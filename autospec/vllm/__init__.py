@@ -6,6 +6,7 @@
 
 `proposer.py` is the proposer vLLM loads (its `custom_class` contract); `daemon_link.py` its
 link to the daemon (telemetry out, estimates and policy in, on a thread of its own);
+`export.py` writes a pair's feature head as a vLLM EAGLE checkpoint (`autospec models export`);
 `bench.py` runs `autospec bench --engine vllm`. Nothing here imports vLLM at import time:
 autospec installs and runs without it. Settings come from the environment of the process
 that runs vLLM:

@@ -32,7 +32,7 @@ SPEC = {"method": "custom_class", "model": "autospec.vllm.Proposer", "num_specul
 
 def engine(speculative_config=None):
     return vllm.LLM(str(REFERENCE_DIR / "target"), dtype="float32", enforce_eager=True,
-                    gpu_memory_utilization=0.05, max_model_len=1024, max_num_seqs=16,
+                    kv_cache_memory_bytes=256 << 20, max_model_len=1024, max_num_seqs=16,
                     speculative_config=speculative_config, seed=0)
 
 
@@ -54,9 +54,10 @@ def setup(tmp_path_factory):
     os.environ["AUTOSPEC_DAEMON"] = daemon.url
     llm = engine(SPEC)
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-    yield {"llm": llm, "proposer": runner.drafter, "plain": plain, "daemon": daemon, "tmp": tmp}
+    state = {"llm": llm, "proposer": runner.drafter, "plain": plain, "daemon": daemon, "tmp": tmp}
+    yield state
     runner.drafter.link.close()
-    daemon.stop()
+    state["daemon"].stop()  # a test may have restarted it
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)

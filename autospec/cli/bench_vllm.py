@@ -1,0 +1,70 @@
+"""`autospec bench --engine vllm`: the CLI's side of autospec/vllm/bench.py."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+DEFAULT_VLLM_METHODS = "plain,vllm:ngram:2,vllm:ngram:4,vllm:ngram:8,adaptive"
+
+
+def bench_vllm(engine, prompts, methods: str, autospec_default: str, k_limit: int,
+               levels: list[int], repeats: int, max_new_tokens: int, temperature: float,
+               seed: int, dtype: str, pair, target, prompts_path, schedule, record_path,
+               plot_path, json_path) -> None:
+    for given, flag in ((schedule, "--arrivals"), (record_path, "--record")):
+        if given:
+            raise click.UsageError(f"{flag} is not measured with --engine vllm (autospec's engine only)")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise click.ClickException("--engine vllm needs vLLM: pip install -e '.[vllm]' && "
+                                   "pip uninstall -y torchvision torchaudio torchcodec") from None
+    from autospec.bench.load import format_load_table
+    from autospec.models.pairs import DEFAULT_PAIR, named_pair
+    from autospec.vllm.bench import parse_vllm_methods, run_vllm_bench
+    model = str(named_pair(pair or DEFAULT_PAIR).locate()[0]) if target is None else str(target)
+    eagle_dir = _exported_head(pair or DEFAULT_PAIR, model) if target is None else None
+    if methods == autospec_default:
+        methods = DEFAULT_VLLM_METHODS
+    try:
+        method_list = parse_vllm_methods(methods, k_limit, eagle_dir and str(eagle_dir), max(levels))
+        report = run_vllm_bench(engine, model, prompts, method_list, levels, repeats,
+                                max_new_tokens, temperature, seed, dtype,
+                                progress=lambda m: click.echo(m, err=True))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    report["settings"].update(pair=engine.models.key, workload=Path(
+        prompts_path or named_pair(pair or DEFAULT_PAIR).workload("bench")).stem)
+    click.echo(format_load_table(report["by_concurrency"]))
+    for spec, shares in report["proposer_share"].items():
+        click.echo(f"\n{spec}: the proposer's seconds over vLLM's step seconds: "
+                   + ", ".join(f"N = {n} {share:.1%}" for n, share in shares.items()))
+    if plot_path:
+        from autospec.report.plots import plot_load
+        plot_path.parent.mkdir(parents=True, exist_ok=True)
+        plot_load(report["by_concurrency"], plot_path)
+        click.echo(f"wrote {plot_path}", err=True)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        click.echo(f"wrote {json_path}", err=True)
+
+
+def _exported_head(pair: str, target: str) -> Path | None:
+    """The pair's feature head as vLLM loads it (exported once, under the cache), checked
+    against the target vLLM runs; None for a pair without a head."""
+    from autospec.models.pairs import named_pair
+    from autospec.paths import model_dir
+    from autospec.vllm.export import ExportError, check_vllm_eagle, export_vllm_eagle
+    if named_pair(pair).eagle_dir() is None:
+        return None
+    out = model_dir(f"{pair}-vllm-eagle")
+    try:
+        if not (out / "config.json").is_file():
+            export_vllm_eagle(pair, out)
+        check_vllm_eagle(out, target)
+    except ExportError as exc:
+        raise click.ClickException(str(exc)) from None
+    return out

@@ -1,0 +1,61 @@
+"""`autospec bench --engine vllm`: its methods parsed, and one short real run on the reference
+pair (a process of its own, as a user runs it: vLLM starts one engine process per method)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autospec.vllm.bench import parse_vllm_method, parse_vllm_methods
+
+SHAPE = ("tokens_per_s", "throughput_tokens_per_s", "identical_to_plain", "speedup_vs_plain",
+         "itl_p50_ms", "ttft_p50_ms", "mean_accepted_length")
+
+
+def test_methods_parse_to_vllms_configs():
+    assert parse_vllm_method("plain", 8).speculative_config is None
+    assert parse_vllm_method("vllm:ngram:3", 8).speculative_config == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+        "prompt_lookup_max": 4}
+    adaptive = parse_vllm_method("adaptive", 6)
+    assert adaptive.adaptive and adaptive.speculative_config["num_speculative_tokens"] == 6
+    # K of the smallest size >= the batch, 0 above the largest: as inclusive ranges to 16 rows
+    dynamic = parse_vllm_method("vllm:dynamic:1=4/4=2/8=1", 8, max_rows=16).speculative_config
+    assert dynamic["num_speculative_tokens_per_batch_size"] == [(1, 1, 4), (2, 4, 2), (5, 8, 1),
+                                                                 (9, 16, 0)]
+    assert dynamic["num_speculative_tokens"] == 4
+    assert parse_vllm_method("ours:static:ngram:4", 8).ours.k == 4
+    assert [m.spec for m in parse_vllm_methods("adaptive", 8)] == ["plain", "adaptive"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("vllm:ngram:0", "K must be an integer >= 1"),
+    ("vllm:medusa:2", "unknown method 'vllm:medusa:2' for --engine vllm"),
+    ("vllm:eagle:2", "no feature head exported for vLLM"),
+    ("adaptive:/nonexistent.yaml", "nonexistent.yaml"),
+])
+def test_bad_methods_are_refused_naming_them(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_vllm_method(text, 8)
+
+
+def test_a_short_run_writes_the_bench_json_with_every_output_identical_to_vllms_plain(tmp_path):
+    pytest.importorskip("vllm", reason="vLLM's CPU build (pip install -e '.[vllm]')")
+    out = tmp_path / "bench.json"
+    run = subprocess.run([sys.executable, "-m", "autospec", "bench", "--engine", "vllm",
+                          "--limit", "1", "--max-new-tokens", "24", "--concurrency", "1,4",
+                          "--methods", "plain,vllm:ngram:2,vllm:dynamic:1=2/2=1,adaptive,ours:plain",
+                          "--json", out], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["engine"] == "vllm" and set(report["by_concurrency"]) == {"1", "4"}
+    assert report["methods"] == report["by_concurrency"]["1"]["methods"]
+    for level in ("1", "4"):
+        methods = report["by_concurrency"][level]["methods"]
+        assert set(methods) == {"plain", "vllm:ngram:2", "vllm:dynamic:1=2/2=1", "adaptive",
+                                "ours:plain"}
+        for spec, stats in methods.items():
+            assert all(key in stats["overall"] for key in SHAPE), spec
+            assert stats["overall"]["identical_to_plain"] is True, (level, spec)
+        assert set(report["proposer_share"]["adaptive"]) == {"1", "4"}
+    assert "| 4 | adaptive |" in run.stdout
