@@ -59,39 +59,59 @@ def verify_rows(draft_tokens: list[list[int]], target_logits: torch.Tensor) -> l
     return list(zip(accepted.tolist(), next_token.tolist()))
 
 
-def rejection_accept(draft_tokens: list[int], draft_probs: torch.Tensor | None,
-                     target_probs: torch.Tensor, generator: torch.Generator | None) -> tuple[int, int]:
-    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): output ~ target_probs exactly.
+MASK64 = (1 << 64) - 1
 
-    draft_tokens: k ids, each drawn from the matching row of draft_probs.
-    draft_probs: (k, V), or None for a deterministic drafter (n-gram): a point mass on the token.
-    target_probs: (k+1, V) after the request's temperature / top-k / top-p.
-    Token i is kept with probability min(1, target/draft); at the first rejection the
-    recovered token is drawn from the residual max(0, target - draft), renormalised.
-    """
-    k = len(draft_tokens)
-    uniforms = torch.rand(k, generator=generator).tolist() if k else []
+
+def _mix64(z: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit ints that scatters every input bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """U[0, 1) for the output token at `position` of a request seeded `seed`: a function of
+    the two alone (counter-based), so a request's draws do not depend on how many were made
+    before, by whom, or in which step."""
+    return (_mix64(_mix64(seed & MASK64) ^ ((position + 1) * 0x9E3779B97F4A7C15 & MASK64))
+            >> 11) * 2.0 ** -53
+
+
+def inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """The token whose interval of the (V,) distribution's cumulative sum holds u: the first
+    index whose cumulative mass exceeds u (a zero-mass token is never chosen)."""
+    cdf = probs.double().cumsum(0)
+    index = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64),
+                                   right=True))
+    return min(index, len(cdf) - 1)
+
+
+def coupled_accept(draft_tokens: list[int], target_probs: torch.Tensor, seed: int,
+                   position: int) -> tuple[int, int]:
+    """Sampling verification that reproduces: the target's own sample at each drafted position
+    (inverse CDF at `position_uniform(seed, position + i)`), the draft kept while it agrees.
+
+    draft_tokens: k ids; target_probs: (k+1, V) after the request's temperature / top-k /
+    top-p; position: the output index of the first of them. Every emitted token is the target's
+    sample at its position — drawn from its distribution given the tokens before, exactly — so
+    the output is a function of (prompt, sampling parameters, seed) alone: the same with any
+    drafter, any K, in any batch, and plain decoding's (k = 0) too. A draft token is kept with
+    probability p_target(token), the same as rejection sampling's min(1, p/q) for a point-mass
+    drafter (n-gram, suffix); a drafter with a distribution q keeps less than rejection
+    sampling's sum min(p, q) would (sum q p): the price of a seed that reproduces."""
     for i, token in enumerate(draft_tokens):
-        p_target = float(target_probs[i, token])
-        p_draft = 1.0 if draft_probs is None else float(draft_probs[i, token])
-        if p_draft > 0 and uniforms[i] < min(1.0, p_target / p_draft):
-            continue
-        if draft_probs is None:
-            residual = target_probs[i].clone()
-            residual[token] = 0.0
-        else:
-            residual = (target_probs[i] - draft_probs[i]).clamp_min(0.0)
-        total = float(residual.sum())
-        # total == 0 only when target and draft agree to rounding: then the target itself is exact
-        residual = residual / total if total > 1e-12 else target_probs[i]
-        return i, int(torch.multinomial(residual, 1, generator=generator))
-    return k, int(torch.multinomial(target_probs[k], 1, generator=generator))
+        sampled = inverse_cdf(target_probs[i], position_uniform(seed, position + i))
+        if sampled != token:
+            return i, sampled
+    k = len(draft_tokens)
+    return k, inverse_cdf(target_probs[k], position_uniform(seed, position + k))
 
 
 def accept_rows(rounds: Sequence[Round], target_logits: torch.Tensor) -> list[tuple[int, int]]:
     """Step 3 for a whole step: target_logits (n, T, V), row i's first len(draft_i) + 1
     positions scoring its draft -> (accepted, next_token) per row. Greedy rows together (one
-    argmax, one kernel launch on CUDA), sampled rows one by one, each with its own generator."""
+    argmax, one kernel launch on CUDA), sampled rows one by one, each by its own seed
+    (coupled_accept)."""
     results: list[tuple[int, int] | None] = [None] * len(rounds)
     greedy = [i for i, rnd in enumerate(rounds) if rnd.request.sampling.greedy]
     if greedy:
@@ -103,10 +123,8 @@ def accept_rows(rounds: Sequence[Round], target_logits: torch.Tensor) -> list[tu
         if results[i] is None:
             n = len(rnd.draft_tokens)
             target_probs = probs_from_logits(target_logits[i, :n + 1], rnd.request.sampling)
-            draft_probs = rnd.draft.draft_probs
-            draft_probs = draft_probs[:n] if draft_probs is not None else None
-            results[i] = rejection_accept(rnd.draft_tokens, draft_probs, target_probs,
-                                          rnd.request.generator)
+            results[i] = coupled_accept(rnd.draft_tokens, target_probs, rnd.request.seed,
+                                        len(rnd.request.output))
     return results
 
 

@@ -60,7 +60,7 @@ class Request:
     prompt_len: int
     max_new_tokens: int
     sampling: SamplingParams
-    generator: torch.Generator
+    generator: torch.Generator  # a sampling drafter's draws (the target's: `seed`, accept.py)
     slot: int | None = None  # its row of the engine's RowCache while it runs
     workload: str | None = None
     method: str | None = None  # as the caller named it (serve: the request's), for telemetry
@@ -76,6 +76,7 @@ class Request:
     # alternatives (None: not kept); what the step's verify forward scored, TokenLogprob each
     top_logprobs: int | None = None
     logprobs: list["TokenLogprob"] = field(default_factory=list)
+    seed: int = 0  # the target's samples: output position t draws position_uniform(seed, t)
 
     @property
     def output(self) -> list[int]:

@@ -70,7 +70,7 @@ class Completion:
     temperature: float
     top_p: float
     top_k: int
-    seed: int
+    seed: int | None  # None: the server draws one (outputs then vary from call to call)
     stream: bool
     method: Method  # kind "adaptive" | "plain" | "static"
     workload: str | None
@@ -185,7 +185,7 @@ def _parse_common(payload: dict, model_name: str, max_tokens_limit: int, max_tok
         temperature=float(_number(payload, "temperature", 1.0, 0, 2)),  # OpenAI's default: 1
         top_p=float(_number(payload, "top_p", 1.0, 1e-9, 1)),
         top_k=_number(payload, "top_k", 0, 0, 1 << 20, True),
-        seed=_number(payload, "seed", 0, 0, 2 ** 63 - 1, True),
+        seed=_number(payload, "seed", None, 0, 2 ** 63 - 1, True),
         stream=stream, method=parse_method(extension.get("method", "adaptive")),
         stop=_stops(payload.get("stop")),
         workload=workload, model=model_name,

@@ -28,6 +28,7 @@ proposal: autospec/drafters/suffix.py.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import dataclasses
 import json
 import logging
@@ -167,8 +168,11 @@ class Server:
         its controller, its tenant's drafter options, its text stream."""
         controller = (self.controller(req.workload) if req.method.kind == "adaptive"
                       else make_controller(req.method))
+        # a request's seed makes its output a function of (prompt, parameters, seed) alone:
+        # without one, a fresh seed each time (engine/accept.py coupled_accept)
+        seed = req.seed if req.seed is not None else secrets.randbits(63)
         request = engine.start(req.prompt, req.max_tokens,
-                               SamplingParams(req.temperature, req.top_k, req.top_p), req.seed,
+                               SamplingParams(req.temperature, req.top_k, req.top_p), seed,
                                workload=req.workload, method=str(req.method),
                                logprobs=req.logprobs)
         request.drafter_options = self.options_for(req.tenant)

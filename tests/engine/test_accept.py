@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy_free_stats import chi2_pvalue
 
-from autospec.engine.accept import greedy_accept, rejection_accept
+from autospec.engine.accept import coupled_accept, greedy_accept, position_uniform
 
 
 def one_hot_logits(tokens, vocab=6):
@@ -22,26 +22,22 @@ def test_greedy_accepts_matching_prefix_then_target_token():
     assert greedy_accept([], logits[:1]) == (0, 3)  # k = 0 is plain decoding
 
 
-def _output_histogram(draft_probs, target_probs, n, vocab, point_mass=False, seed=0):
-    """Histogram of the first emitted token over n single-position rounds."""
-    gen = torch.Generator().manual_seed(seed)
+def _output_histogram(draft_probs, target_probs, n, vocab, point_mass=False):
+    """Histogram of the first emitted token over n single-position rounds, seeds 0..n-1."""
+    gen = torch.Generator().manual_seed(0)
     counts = np.zeros(vocab)
-    for _ in range(n):
-        if point_mass:
-            token = 2  # a deterministic drafter (n-gram) always proposes token 2
-            accepted, nxt = rejection_accept([token], None, target_probs, gen)
-        else:
-            token = int(torch.multinomial(draft_probs[0], 1, generator=gen))
-            accepted, nxt = rejection_accept([token], draft_probs, target_probs, gen)
+    for seed in range(n):
+        token = 2 if point_mass else int(torch.multinomial(draft_probs[0], 1, generator=gen))
+        accepted, nxt = coupled_accept([token], target_probs, seed, 0)
         counts[token if accepted else nxt] += 1
     return counts
 
 
 @pytest.mark.parametrize("point_mass", [False, True])
-def test_rejection_sampling_output_is_target_distribution(point_mass):
+def test_coupled_sampling_output_is_target_distribution(point_mass):
     target = torch.tensor([[0.05, 0.40, 0.10, 0.30, 0.15], [0.2] * 5])
     draft = torch.tensor([[0.30, 0.10, 0.35, 0.05, 0.20]])
-    n = 100_000
+    n = 50_000
     counts = _output_histogram(draft, target, n, 5, point_mass)
     expected = target[0].numpy() * n
     tv = 0.5 * np.abs(counts / n - target[0].numpy()).sum()
@@ -49,18 +45,30 @@ def test_rejection_sampling_output_is_target_distribution(point_mass):
     assert chi2_pvalue(counts, expected) > 0.01
 
 
-def test_rejection_all_accepted_gives_bonus_from_last_row():
-    target = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    draft = torch.tensor([[0.0, 1.0, 0.0]])
-    assert rejection_accept([1], draft, target, torch.Generator().manual_seed(0)) == (1, 2)
+def test_a_seeds_tokens_do_not_depend_on_the_draft():
+    """The output at each position is the target's sample there, whatever was drafted: the
+    same tokens with no draft (plain), a right one, a wrong one, or a longer one."""
+    target = torch.softmax(torch.randn(4, 50, generator=torch.Generator().manual_seed(1)), -1)
+    for seed in range(200):
+        plain = [coupled_accept([], target[i:i + 1], seed, i)[1] for i in range(4)]
+        assert coupled_accept(plain[:3], target, seed, 0) == (3, plain[3])
+        wrong = [(plain[0] + 1) % 50] + plain[1:3]
+        assert coupled_accept(wrong, target, seed, 0) == (0, plain[0])
+        assert coupled_accept(plain[:1] + [(plain[1] + 1) % 50], target[:3], seed, 0) == (1, plain[1])
 
 
-def test_rejection_never_recovers_the_rejected_point_mass_token():
+def test_coupled_sampling_never_emits_a_zero_mass_token():
     target = torch.tensor([[0.5, 0.5, 0.0], [1 / 3] * 3])
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(200):
-        accepted, nxt = rejection_accept([2], None, target, gen)  # target gives token 2 zero mass
+    for seed in range(500):
+        accepted, nxt = coupled_accept([2], target, seed, 0)  # the target gives token 2 no mass
         assert accepted == 0 and nxt in (0, 1)
+
+
+def test_position_uniforms_are_uniform_and_independent_of_order():
+    draws = np.array([position_uniform(seed, t) for seed in range(100) for t in range(100)])
+    counts = np.histogram(draws, bins=10, range=(0, 1))[0]
+    assert chi2_pvalue(counts, np.full(10, len(draws) / 10)) > 0.01
+    assert position_uniform(7, 3) == position_uniform(7, 3) != position_uniform(8, 3)
 
 
 def test_greedy_accept_rows_equals_greedy_accept_per_row():

@@ -88,8 +88,31 @@ def test_completions_streaming_and_not_reach_the_store(system):
     assert 'autospec_requests_total{model_pair=' in metrics and 'workload="copy"} 1' in metrics
 
 
+def test_a_seed_reproduces_alone_in_a_busy_batch_and_with_another_drafter(shared):
+    """The same seeded request, sampled (temperature 0.8), gives the same tokens alone, while
+    eight others decode beside it, and with a fixed drafter in place of the controller."""
+    from concurrent.futures import ThreadPoolExecutor
+    _, serve, _ = shared
+    seeded = {"temperature": 0.8, "seed": 123, "max_tokens": 24}
+    alone = complete(serve.url, **seeded)[1]["choices"][0]["text"]
+    with ThreadPoolExecutor(9) as pool:
+        busy = [pool.submit(complete, serve.url, temperature=0.8, seed=i, max_tokens=24)
+                for i in range(8)]
+        crowded = pool.submit(complete, serve.url, **seeded)
+        others = [f.result()[1]["choices"][0]["text"] for f in busy]
+    assert crowded.result()[1]["choices"][0]["text"] == alone
+    fixed = complete(serve.url, **seeded, autospec={"method": "static:ngram:4"})
+    assert fixed[1]["choices"][0]["text"] == alone
+    assert len(set(others)) > 1  # other seeds, other samples
+    # temperature 0 with a seed is simply greedy
+    greedy = [complete(serve.url, temperature=0, **seed)[1]["choices"][0]["text"]
+              for seed in ({"seed": 7}, {})]
+    assert greedy[0] == greedy[1]
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"prompt": ""}, "prompt"), ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"),
+    ({"seed": -1}, "seed"), ({"seed": 1.5}, "seed"), ({"seed": "x"}, "seed"),
     ({"stop": list("abcde")}, "stop"), ({"n": 2}, "n"), ({"color": "red"}, "color"),
     ({"autospec": {"method": "static:ngarm:4"}}, "autospec.method"), ({"model": "gpt-9"}, "model"),
 ])
