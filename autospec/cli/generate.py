@@ -11,9 +11,11 @@ from autospec.cli.options import draft_option, dtype_option, load_engine, pair_o
 
 @click.command()
 @click.option("--prompt", required=True, help="Prompt text ('-' reads standard input).")
-@click.option("--drafter", default="ngram", show_default=True,
-              help="Drafter name, or 'none' for plain decoding.")
-@click.option("--k", "k", default=4, show_default=True, type=int, help="Tokens drafted per step.")
+@click.option("--drafter", default="auto", show_default=True,
+              help="auto: the adaptive controller picks drafter and K every step; a drafter's "
+                   "name: that drafter at a fixed --k; none: plain decoding.")
+@click.option("--k", "k", default=4, show_default=True, type=int,
+              help="Tokens drafted per step with a named drafter.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, type=int)
@@ -31,13 +33,14 @@ def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed
     """Generate a completion with speculative decoding."""
     from autospec.drafters.base import known_drafters
     from autospec.engine.bandwidth import peak_bandwidth_gbs
+    from autospec.engine.loop import AUTO
     if prompt == "-":
         prompt = sys.stdin.read()
     drafter = None if drafter == "none" else drafter
-    if drafter is not None and drafter not in known_drafters():
-        raise click.BadParameter(f"unknown drafter '{drafter}' (known: {', '.join(known_drafters())}, none)",
-                                 param_hint="--drafter")
-    if drafter is not None and k <= 0:
+    if drafter not in (None, AUTO) and drafter not in known_drafters():
+        raise click.BadParameter(f"unknown drafter '{drafter}' (known: auto, "
+                                 f"{', '.join(known_drafters())}, none)", param_hint="--drafter")
+    if drafter not in (None, AUTO) and k <= 0:
         raise click.BadParameter(f"k must be >= 1, got {k} (for plain decoding use --drafter none)",
                                  param_hint="--k")
     engine = load_engine(target, draft, dtype, pair)
@@ -67,9 +70,19 @@ def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed
         click.echo(json.dumps(t.to_dict(with_steps=False)), err=True)
     else:
         click.echo(
-            f"[{drafter or 'plain'} k={k if drafter else 0}] {t.output_tokens} tokens in "
+            f"[{_label(drafter, k, t)}] {t.output_tokens} tokens in "
             f"{t.wall_seconds:.2f}s ({t.tokens_per_s:.1f} tok/s), {t.steps} steps, acceptance "
             f"{t.acceptance_rate:.2f}, mean accepted length {t.mean_accepted_length:.2f}, "
             f"per position {[round(a, 2) for a in t.acceptance_per_position]}, "
             f"bandwidth {t.bandwidth_gbs:.2f} GB/s ({t.bandwidth_gbs / peak_bandwidth_gbs():.0%} "
             f"of peak), finish {t.finish_reason}", err=True)
+
+
+def _label(drafter: str | None, k: int, telemetry) -> str:
+    """What decoded: plain, DRAFTER k=K, or auto with the drafters' shares of its steps."""
+    if drafter is None:
+        return "plain"
+    if drafter != "auto":
+        return f"{drafter} k={k}"
+    shares = sorted(telemetry.drafter_shares.items(), key=lambda kv: -kv[1])
+    return "auto: " + ", ".join(f"{name} {share:.0%}" for name, share in shares)

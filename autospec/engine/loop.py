@@ -40,6 +40,8 @@ from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import StepRecord, summarise
 
+AUTO = "auto"  # generate's default drafter: the adaptive controller chooses
+
 class Engine:
     """Speculative decoding over a ModelPair, up to `max_batch` requests at once, each in a row
     of `max_len` positions (default: the target's limit; the cache grows as rows reach
@@ -69,6 +71,7 @@ class Engine:
         # the drafters that draft all their rows of a step at once (draft model, early exit,
         # eagle: a cache of their own, slot for slot), made when a row first chooses one
         self.batch_drafting: dict[str, object | None] = {}
+        self._auto: Controller | None = None  # generate's default: one controller, learning
 
     # -- requests join and leave ----------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -94,7 +97,7 @@ class Engine:
             request_id=request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}",
             tokens=ids, prompt_len=len(ids), max_new_tokens=max_new_tokens, sampling=sampling,
             generator=torch.Generator().manual_seed(seed), workload=workload, method=method,
-            top_logprobs=logprobs)
+            top_logprobs=logprobs, seed=seed)
         self.prefill(request)
         return request
 
@@ -222,7 +225,7 @@ class Engine:
             self.cache.lengths[filling.slot] = start + filled
 
         # 3. accept: greedy rows together (one argmax, one kernel launch on CUDA), sampled
-        # rows one by one, each with its own generator
+        # rows one by one, each by its own seed
         results = accept_rows(rounds, target_logits)
 
         emitted = []
@@ -338,14 +341,21 @@ class Engine:
     advance = advance_rows  # one step over the rows in flight (a chunk of a joining prompt in it)
     _decode = decode_rows
 
-    def generate(self, prompt: str | list[int], *, drafter: str | None = "ngram", k: int = 4,
+    def generate(self, prompt: str | list[int], *, drafter: str | None = AUTO, k: int = 4,
                  controller: Controller | None = None, max_new_tokens: int = 64,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  workload: str | None = None,
                  on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
-        """Generate one completion (a row of its own). A `controller` overrides the static
-        (drafter, k)."""
-        if controller is None:
+        """Generate one completion (a row of its own). `drafter`: "auto" (the default: the
+        adaptive controller picks drafter and K each step, one controller per engine that
+        learns across calls), a drafter's name at a fixed `k`, or None (plain decoding). A
+        `controller` overrides both."""
+        if controller is None and drafter == AUTO:
+            if self._auto is None:
+                from autospec.controller.adaptive import AdaptiveController
+                self._auto = AdaptiveController()
+            controller = self._auto
+        elif controller is None:
             if drafter is not None:
                 drafter_class(drafter)  # unknown names fail before any work
                 if k <= 0:

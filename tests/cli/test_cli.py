@@ -22,6 +22,17 @@ def test_generate_streams_and_reports(pair_args):
     assert "mean accepted length" in result.output
 
 
+def test_generate_runs_the_adaptive_controller_unless_a_drafter_is_named(pair_args):
+    """The product on by default: no --drafter, the controller picks (and says what it
+    picked); --drafter none is plain."""
+    auto = run("generate", "--prompt", "x = 1\nx = 1\nx = 1\n", "--max-new-tokens", "16", *pair_args)
+    plain = run("generate", "--prompt", "x = 1\nx = 1\nx = 1\n", "--max-new-tokens", "16",
+                "--drafter", "none", *pair_args)
+    assert auto.exit_code == 0 and plain.exit_code == 0, auto.output + plain.output
+    assert "[auto: " in auto.output and "[plain]" in plain.output
+    assert auto.stdout == plain.stdout  # the same text (the telemetry line is on stderr)
+
+
 def test_generate_json_telemetry(pair_args):
     result = run("generate", "--prompt", "x = 1", "--max-new-tokens", "5", "--json", *pair_args)
     assert result.exit_code == 0
@@ -31,9 +42,9 @@ def test_generate_json_telemetry(pair_args):
 
 @pytest.mark.parametrize("args, message", [
     (["--prompt", ""], "empty prompt"),
-    (["--prompt", "x", "--drafter", "ngarm"], "unknown drafter 'ngarm' (known: draft-model, eagle, early-exit, ngram, suffix, synthetic"),
-    (["--prompt", "x", "--k", "0"], "k must be >= 1, got 0"),
-    (["--prompt", "x", "--k", "-3"], "k must be >= 1, got -3"),
+    (["--prompt", "x", "--drafter", "ngarm"], "unknown drafter 'ngarm' (known: auto, draft-model, eagle, early-exit, ngram, suffix, synthetic"),
+    (["--prompt", "x", "--drafter", "ngram", "--k", "0"], "k must be >= 1, got 0"),
+    (["--prompt", "x", "--drafter", "ngram", "--k", "-3"], "k must be >= 1, got -3"),
     (["--prompt", "x", "--temperature", "-1"], "temperature must be >= 0, got -1.0"),
     (["--prompt", "x " * 3000], "a row holds 2048 positions (max_len)"),
 ])
