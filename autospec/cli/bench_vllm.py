@@ -1,7 +1,6 @@
 """`autospec bench --engine vllm`: the CLI's side of autospec/vllm/bench.py."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -41,15 +40,8 @@ def bench_vllm(engine, prompts, methods: str, autospec_default: str, k_limit: in
     for spec, shares in report["proposer_share"].items():
         click.echo(f"\n{spec}: the proposer's seconds over vLLM's step seconds: "
                    + ", ".join(f"N = {n} {share:.1%}" for n, share in shares.items()))
-    if plot_path:
-        from autospec.report.plots import plot_load
-        plot_path.parent.mkdir(parents=True, exist_ok=True)
-        plot_load(report["by_concurrency"], plot_path)
-        click.echo(f"wrote {plot_path}", err=True)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
-        click.echo(f"wrote {json_path}", err=True)
+    from autospec.cli.bench import write_report
+    write_report(report, plot_path, json_path)
 
 
 def _exported_head(pair: str, target: str) -> Path | None:

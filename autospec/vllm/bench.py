@@ -199,8 +199,9 @@ def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[Vllm
     theirs = [m for m in methods if m.ours is None]
     ours = [m for m in methods if m.ours is not None]
     engines = start_engines(model, theirs, dtype, max_len, max(levels), seed, progress)
-    for spec, llm in engines.items():  # warm-up: lazy init, the first forwards
-        drive(llm, jobs[:max(levels)], max(levels), temperature, seed, f"warm-{spec}")
+    warm = [(ids, 8) for ids, _ in jobs[:max(levels)]]
+    for spec, llm in engines.items():  # warm-up: lazy init, the first forwards at every width
+        drive(llm, warm, max(levels), temperature, seed, f"warm-{spec}")
     by_level: dict[str, dict] = {}
     overhead: dict[str, dict[str, float]] = {}
     for level in levels:
