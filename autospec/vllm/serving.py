@@ -2,7 +2,8 @@
 `openai` SDK: the serving-side figures of docs/vllm.md.
 
     python -m autospec.vllm.serving [--pair reference] [--prompts FILE] [--clients 16]
-                                    [--max-tokens 64] [--num-speculative-tokens 8] [--json OUT]
+                                    [--max-tokens 64] [--passes 1] [--num-speculative-tokens 8]
+                                    [--json OUT]
 
 Every phase sends the whole workload with N concurrent clients (greedy) and counts tokens
 over its wall time:
@@ -47,8 +48,8 @@ class Server:
         from openai import OpenAI
         self.port = free_port()
         args = [*SERVER, "--model", model, "--port", str(self.port), "--dtype", dtype,
-                "--enforce-eager", "--served-model-name", "served", "--max-model-len", "2048",
-                "--kv-cache-memory-bytes", str(1 << 30), "--disable-log-requests"]
+                "--enforce-eager", "--served-model-name", "served",
+                "--kv-cache-memory-bytes", str(1 << 30)]
         if spec:
             args += ["--speculative-config", json.dumps(spec)]
         with open(log, "a") as handle:
@@ -123,6 +124,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompts", type=Path, default=None)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--passes", type=int, default=1,
+                        help="the workload this many times in each phase")
     parser.add_argument("--num-speculative-tokens", type=int, default=8)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--json", type=Path, default=None)
@@ -130,7 +133,8 @@ def main(argv=None) -> dict:
     spec = named_pair(args.pair)
     model = str(spec.locate()[0])
     workload = load_prompts(args.prompts or spec.workload("bench"))
-    prompts = [[dict(m) for m in p.messages] if p.messages else p.prompt for p in workload]
+    prompts = [[dict(m) for m in p.messages] if p.messages else p.prompt
+               for p in workload] * args.passes
     tmp = Path(tempfile.mkdtemp(prefix="autospec-vllm-serving-"))
     proposer = {"method": "custom_class", "model": "autospec.vllm.Proposer",
                 "num_speculative_tokens": args.num_speculative_tokens}
