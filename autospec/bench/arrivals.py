@@ -113,7 +113,7 @@ def parse_schedule(text: str) -> Schedule:
 
 
 @dataclass
-class _Sent:
+class Sent:
     """One method's open-loop run: per request, what the stats read."""
     tokens: list[list[int] | None]
     ttft_s: dict[int, float]
@@ -136,18 +136,13 @@ def run_arrivals(engine: Engine, prompts: list[Prompt], methods: list[Method], s
     if not sends:
         raise ValueError(f"--arrivals {schedule.text}: the schedule sends no request "
                          f"(raise a rate or a duration)")
-    encoded = [prompt_ids(engine, p) for p in prompts]
-    jobs = []
-    for i in range(len(sends)):
-        p = i % len(prompts)
-        jobs.append(Job(encoded[p], prompts[p].max_new_tokens or max_new_tokens,
-                        SamplingParams(temperature), seed, prompts[p].category))
+    jobs = arrival_jobs(engine, prompts, len(sends), max_new_tokens, temperature, seed)
     fits = [len(job.prompt) + job.max_new_tokens for job in jobs
             if len(job.prompt) + job.max_new_tokens <= engine.models.max_positions]
     batch = Engine(engine.models, engine.drafter_options, max_batch=rows,
                    max_len=max(fits) if fits else None, prefill_chunk=prefill_chunk)
     available = engine.models.runnable_drafters()
-    runs: dict[str, _Sent] = {}
+    runs: dict[str, Sent] = {}
     for m in methods:
         warm = [Job(job.prompt, 4, job.sampling, seed) for job in jobs[:rows]]  # lazy init
         batch.run([j for j in warm if len(j.prompt) + 4 <= batch.max_positions],
@@ -156,22 +151,41 @@ def run_arrivals(engine: Engine, prompts: list[Prompt], methods: list[Method], s
         runs[m.spec] = _open_loop(batch, jobs, [t for t, _ in sends], make_controller(m, available))
         if progress:
             progress(f"arrivals {schedule.text}: {m.spec} {runs[m.spec].wall_s:.1f} s")
+    return arrivals_report(runs, schedule, sends, rows, len(jobs), temperature == 0)
+
+
+def arrival_jobs(engine: Engine, prompts: list[Prompt], count: int, max_new_tokens: int,
+                 temperature: float, seed: int) -> list[Job]:
+    """Request i is the workload's prompt i (cycling)."""
+    encoded = [prompt_ids(engine, p) for p in prompts]
+    jobs = []
+    for i in range(count):
+        p = i % len(prompts)
+        jobs.append(Job(encoded[p], prompts[p].max_new_tokens or max_new_tokens,
+                        SamplingParams(temperature), seed, prompts[p].category))
+    return jobs
+
+
+def arrivals_report(runs: dict[str, "Sent"], schedule: Schedule, sends, rows: int, requests: int,
+                    greedy: bool) -> dict:
+    """The report's `arrivals` from each method's open-loop run (identical_to_plain against
+    the run keyed "plain")."""
     plain = runs.get("plain")
     phases = [phase for _, phase in sends]
     out = {}
     for spec, run in runs.items():
         windows = schedule.windows(run.wall_s)
-        scopes = {"overall": (range(len(jobs)), (0.0, run.wall_s + 1e-9))}
+        scopes = {"overall": (range(requests), (0.0, run.wall_s + 1e-9))}
         by_phase = {str(k): ([i for i, ph in enumerate(phases) if ph == k], window)
                     for k, window in enumerate(windows)}
-        stats = {name: _stats(run, indices, window, plain, temperature == 0)
+        stats = {name: _stats(run, indices, window, plain, greedy)
                  for name, (indices, window) in {**scopes, **by_phase}.items()}
         out[spec] = {"overall": stats.pop("overall"), "by_phase": stats}
-    return {"schedule": schedule.text, "rows": rows, "requests": len(jobs), "methods": out}
+    return {"schedule": schedule.text, "rows": rows, "requests": requests, "methods": out}
 
 
-def _open_loop(batch: Engine, jobs: list[Job], times: list[float], controller) -> _Sent:
-    run = _Sent([None] * len(jobs), {}, {}, {}, [], [], 0.0)
+def _open_loop(batch: Engine, jobs: list[Job], times: list[float], controller) -> Sent:
+    run = Sent([None] * len(jobs), {}, {}, {}, [], [], 0.0)
     jobs = [Job(j.prompt, j.max_new_tokens, j.sampling, j.seed, j.workload, f"arrival-{i}")
             for i, j in enumerate(jobs)]
     last: dict[int, float] = {}
@@ -196,7 +210,7 @@ def _open_loop(batch: Engine, jobs: list[Job], times: list[float], controller) -
     return run
 
 
-def _stats(run: _Sent, indices, window: tuple[float, float], plain: _Sent | None,
+def _stats(run: Sent, indices, window: tuple[float, float], plain: Sent | None,
            greedy: bool) -> dict:
     start, stop = window
     tokens = sum(n for t, n in run.emitted_at if start <= t < stop)

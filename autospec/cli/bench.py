@@ -9,7 +9,7 @@ import click
 
 from autospec.cli.options import (check_pair_args, draft_option, drafter_options_option,
                                   dtype_option, load_engine, pair_option, prefill_chunk_option,
-                                  target_option)
+                                  target_option, write_report)
 
 DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ngram:8,"
                    "static:draft-model:1,static:draft-model:2,static:draft-model:4,"
@@ -108,7 +108,7 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
         from autospec.cli.bench_vllm import bench_vllm
         return bench_vllm(engine, prompts, methods, DEFAULT_METHODS, k_limit, concurrency or [1],
                           repeats, max_new_tokens, temperature, seed, dtype, pair, target,
-                          prompts_path, schedule, record_path, plot_path, json_path)
+                          prompts_path, schedule, rows, record_path, plot_path, json_path)
     available = engine.models.available_drafters()
     skipped = [m for m in method_list if not set(m.needs_drafters) <= set(available)]
     if skipped and methods == DEFAULT_METHODS:
@@ -160,13 +160,5 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
                        progress=lambda m: click.echo(m, err=True))
         trace.save(record_path)
         click.echo(f"wrote trace {record_path}", err=True)
-    if plot_path:
-        from autospec.report.plots import plot_load  # matplotlib only when asked for
-        plot_path.parent.mkdir(parents=True, exist_ok=True)
-        plot_load(report["by_concurrency"], plot_path)
-        click.echo(f"wrote {plot_path}", err=True)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
-        click.echo(f"wrote {json_path}", err=True)
+    write_report(report, plot_path, json_path)
 

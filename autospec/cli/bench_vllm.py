@@ -10,11 +10,10 @@ DEFAULT_VLLM_METHODS = "plain,vllm:ngram:2,vllm:ngram:4,vllm:ngram:8,adaptive"
 
 def bench_vllm(engine, prompts, methods: str, autospec_default: str, k_limit: int,
                levels: list[int], repeats: int, max_new_tokens: int, temperature: float,
-               seed: int, dtype: str, pair, target, prompts_path, schedule, record_path,
-               plot_path, json_path) -> None:
-    for given, flag in ((schedule, "--arrivals"), (record_path, "--record")):
-        if given:
-            raise click.UsageError(f"{flag} is not measured with --engine vllm (autospec's engine only)")
+               seed: int, dtype: str, pair, target, prompts_path, schedule, rows: int,
+               record_path, plot_path, json_path) -> None:
+    if record_path:
+        raise click.UsageError("--record is not measured with --engine vllm (autospec's engine only)")
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -31,16 +30,20 @@ def bench_vllm(engine, prompts, methods: str, autospec_default: str, k_limit: in
         method_list = parse_vllm_methods(methods, k_limit, eagle_dir and str(eagle_dir), max(levels))
         report = run_vllm_bench(engine, model, prompts, method_list, levels, repeats,
                                 max_new_tokens, temperature, seed, dtype,
-                                progress=lambda m: click.echo(m, err=True))
+                                progress=lambda m: click.echo(m, err=True),
+                                schedule=schedule, rows=rows)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     report["settings"].update(pair=engine.models.key, workload=Path(
         prompts_path or named_pair(pair or DEFAULT_PAIR).workload("bench")).stem)
     click.echo(format_load_table(report["by_concurrency"]))
+    if "arrivals" in report:
+        from autospec.bench.arrivals import format_arrivals_table
+        click.echo("\n" + format_arrivals_table(report["arrivals"]))
     for spec, shares in report["proposer_share"].items():
         click.echo(f"\n{spec}: the proposer's seconds over vLLM's step seconds: "
                    + ", ".join(f"N = {n} {share:.1%}" for n, share in shares.items()))
-    from autospec.cli.bench import write_report
+    from autospec.cli.options import write_report
     write_report(report, plot_path, json_path)
 
 

@@ -1,6 +1,9 @@
 """Options shared by several commands, defined once."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
 
 from autospec.models.pairs import PAIRS
@@ -104,3 +107,16 @@ def load_engine(target, draft, dtype, pair=None, drafter_options: dict | None = 
     engine = Engine(models, drafter_options)
     freeze_heap()  # the models live as long as the command: out of the collector's walks
     return engine
+
+
+def write_report(report: dict, plot_path: Path | None, json_path: Path | None) -> None:
+    """bench's plot under load (--plot) and its JSON (--json), where asked for."""
+    if plot_path:
+        from autospec.report.plots import plot_load  # matplotlib only when asked for
+        plot_path.parent.mkdir(parents=True, exist_ok=True)
+        plot_load(report["by_concurrency"], plot_path)
+        click.echo(f"wrote {plot_path}", err=True)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        click.echo(f"wrote {json_path}", err=True)

@@ -19,7 +19,9 @@ methods taking turns in an order that rotates from repeat to repeat; the repeat 
 wall time is reported, in `autospec bench --concurrency`'s statistics (bench/load.py), with
 identical_to_plain against vLLM's plain output at the same N. The `ours:` methods run after, on
 autospec's engine (bench/load.py's run_load), identical_to_plain against ours:plain. Batch 1 is
-N = 1; the report's `methods` is N = 1's when it ran. The proposer's own seconds (look-ups,
+N = 1; the report's `methods` is N = 1's when it ran. With `--arrivals`, every method also
+takes the schedule's open-loop load (bench/arrivals.py's statistics; vLLM queues what finds
+its `--rows` taken, so its queue wait is inside TTFT and nothing is refused). The proposer's own seconds (look-ups,
 decide, observe) over vLLM's step seconds are in `proposer_share` per adaptive method and N.
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
+from autospec.bench.arrivals import Schedule, Sent, arrival_jobs, arrivals_report, run_arrivals
 from autospec.bench.harness import OVERALL, Prompt, machine_info, prompt_ids
 from autospec.bench.load import LoadRun, method_stats, run_load
 from autospec.bench.methods import RunResult
@@ -185,10 +188,52 @@ def drive(llm, jobs: list[tuple[list[int], int]], level: int, temperature: float
     return run
 
 
+def drive_open(llm, jobs, times: list[float], temperature: float, seed: int, tag: str) -> Sent:
+    """Open loop: job i sent `times[i]` seconds after the start whatever the engine does; a
+    request that finds every row taken waits in vLLM's own queue (its wait is inside TTFT)."""
+    import vllm
+    engine = llm.llm_engine
+    run = Sent([None] * len(jobs), {}, {}, {}, [], [], 0.0)
+    pending, active, seen, last = deque(range(len(jobs))), {}, {}, {}
+    t0 = time.perf_counter()
+    while pending or active:
+        now = time.perf_counter()
+        while pending and t0 + times[pending[0]] <= now:
+            i = pending.popleft()
+            job = jobs[i]
+            params = vllm.SamplingParams(temperature=temperature, max_tokens=job.max_new_tokens,
+                                         seed=seed if temperature else None)
+            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": list(job.prompt)}, params)
+            active[f"{tag}-{i}"] = (i, t0 + times[i])
+            seen[i] = 0
+        if not active:
+            time.sleep(max(0.0, t0 + times[pending[0]] - time.perf_counter()))
+            continue
+        for out in engine.step():
+            if out.request_id not in active:
+                continue
+            i, sent = active[out.request_id]
+            now, tokens = time.perf_counter(), out.outputs[0].token_ids
+            new = len(tokens) - seen[i]
+            if new > 0:
+                run.emitted_at.append((now - t0, new))
+                if seen[i] == 0:
+                    run.ttft_s[i] = now - sent
+                else:
+                    run.itl_s.setdefault(i, []).extend([(now - last[i]) / new] * new)
+                last[i], seen[i] = now, len(tokens)
+            if out.finished:
+                run.tokens[i] = list(tokens)
+                del active[out.request_id]
+    run.wall_s = time.perf_counter() - t0
+    return run
+
+
 def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[VllmMethod],
                    levels: list[int], repeats: int = 1, max_new_tokens: int = 128,
                    temperature: float = 0.0, seed: int = 0, dtype: str = "float32",
-                   progress: Callable[[str], None] | None = None) -> dict:
+                   progress: Callable[[str], None] | None = None,
+                   schedule: Schedule | None = None, rows: int = 16) -> dict:
     """The report (module docstring). `engine`: autospec's engine on the same pair (its
     tokenizer renders the prompts; it runs the ours: methods)."""
     encoded = [prompt_ids(engine, p) for p in prompts]
@@ -198,10 +243,11 @@ def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[Vllm
     categories = sorted({p.category for p in prompts})
     theirs = [m for m in methods if m.ours is None]
     ours = [m for m in methods if m.ours is not None]
-    engines = start_engines(model, theirs, dtype, max_len, max(levels), seed, progress)
-    warm = [(ids, 8) for ids, _ in jobs[:max(levels)]]
+    width = max(levels + ([rows] if schedule else []))
+    engines = start_engines(model, theirs, dtype, max_len, width, seed, progress)
+    warm = [(ids, 8) for ids, _ in jobs[:width]]
     for spec, llm in engines.items():  # warm-up: lazy init, the first forwards at every width
-        drive(llm, warm, max(levels), temperature, seed, f"warm-{spec}")
+        drive(llm, warm, width, temperature, seed, f"warm-{spec}")
     by_level: dict[str, dict] = {}
     overhead: dict[str, dict[str, float]] = {}
     for level in levels:
@@ -233,8 +279,25 @@ def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[Vllm
             proposed, accepted = drafted[spec][r]
             stats[OVERALL]["acceptance_rate"] = accepted / proposed if proposed else None
             by_level[str(level)]["methods"][spec] = stats
+    arrivals = None
+    if schedule is not None:
+        sends = schedule.send_times(seed)
+        if not sends:
+            raise ValueError(f"--arrivals {schedule.text}: the schedule sends no request")
+        open_jobs = arrival_jobs(engine, prompts, len(sends), max_new_tokens, temperature, seed)
+        sent: dict[str, Sent] = {}
+        for m in theirs:
+            sent[m.spec] = drive_open(engines[m.spec], open_jobs, [t for t, _ in sends],
+                                      temperature, seed, f"open-{m.spec}")
+            if progress:
+                progress(f"vllm, arrivals {schedule.text}: {m.spec} {sent[m.spec].wall_s:.1f} s")
+        arrivals = arrivals_report(sent, schedule, sends, rows, len(open_jobs), temperature == 0)
     for llm in engines.values():  # before ours run: their processes bind threads to the cores
         llm.llm_engine.engine_core.shutdown()
+    if ours and schedule is not None:
+        mine = run_arrivals(engine, prompts, [m.ours for m in ours], schedule, rows,
+                            max_new_tokens, temperature, seed, progress)
+        arrivals["methods"].update({f"ours:{spec}": stats for spec, stats in mine["methods"].items()})
     if ours:
         mine = run_load(engine, prompts, [m.ours for m in ours], levels, max_new_tokens,
                         temperature, seed, repeats, progress)
@@ -254,6 +317,8 @@ def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[Vllm
                            "vllm_methods": {m.spec: m.speculative_config for m in theirs}}}
     if "1" in by_level:
         report["methods"] = by_level["1"]["methods"]
+    if arrivals is not None:
+        report["arrivals"] = arrivals
     return report
 
 

@@ -1,5 +1,6 @@
 """`autospec bench --engine vllm`: its methods parsed, and one short real run on the reference
-pair (a process of its own, as a user runs it: vLLM starts one engine process per method)."""
+pair, closed and open loop (a process of its own, as a user runs it: vLLM starts one engine
+process per method)."""
 import json
 import subprocess
 import sys
@@ -44,6 +45,7 @@ def test_a_short_run_writes_the_bench_json_with_every_output_identical_to_vllms_
     out = tmp_path / "bench.json"
     run = subprocess.run([sys.executable, "-m", "autospec", "bench", "--engine", "vllm",
                           "--limit", "1", "--max-new-tokens", "24", "--concurrency", "1,4",
+                          "--arrivals", "8:1,2:1", "--rows", "4",
                           "--methods", "plain,vllm:ngram:2,vllm:dynamic:1=2/2=1,adaptive,ours:plain",
                           "--json", out], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -59,3 +61,8 @@ def test_a_short_run_writes_the_bench_json_with_every_output_identical_to_vllms_
             assert stats["overall"]["identical_to_plain"] is True, (level, spec)
         assert set(report["proposer_share"]["adaptive"]) == {"1", "4"}
     assert "| 4 | adaptive |" in run.stdout
+    arrivals = report["arrivals"]  # open loop: every method, every request, the same outputs
+    assert set(arrivals["methods"]) == set(methods)
+    for spec, stats in arrivals["methods"].items():
+        assert stats["overall"]["completed"] == arrivals["requests"], spec
+        assert stats["overall"]["identical_to_plain"] is True, spec
