@@ -43,7 +43,7 @@ class ControllerSettings:
                                    "faster", "float", low=0, high=1)
     thompson: bool = knob(True, "Thompson sampling on the drafter choice (else posterior means)",
                           "bool")
-    counterfactual: bool = knob(True, "score what n-gram would have proposed when another "
+    counterfactual: bool = knob(True, "score what the look-up drafters proposed when another "
                                       "drafter ran", "bool")
     seed: int = knob(0, "Thompson sampling's random seed", "int", low=0, tunable=False)
     regimes: bool = knob(True, "keep separate estimates for the steps right after a fully "

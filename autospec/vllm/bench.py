@@ -113,6 +113,9 @@ def start_engines(model: str, methods: list[VllmMethod], dtype: str, max_len: in
     """One vLLM engine per vLLM method, each in its own process."""
     import vllm
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # proposer_stats' RPC
+    # each engine in a process of its own: two engines in one process fail in vLLM 0.32 (its
+    # CPU platform re-registers its kernel overrides), and one idle engine must not slow another
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     engines = {}
     for m in methods:
         if m.ours is not None:

@@ -56,14 +56,18 @@ def setup(tmp_path_factory):
     exported = export_vllm_eagle(tmp / "head", tmp / "vllm-eagle", target=TARGET)
     saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    llm = vllm.LLM(str(TARGET), dtype="float32", enforce_eager=True,
-                   gpu_memory_utilization=0.05, max_model_len=512, max_num_seqs=4, seed=0,
-                   speculative_config=speculative_config(exported, TARGET, K))
-    yield {"llm": llm, "target": target, "head": ours, "exported": exported, "tmp": tmp}
-    if saved is None:
-        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    else:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+    try:
+        # the KV cache's size given (vLLM's CPU worker otherwise sizes it from a share of RAM
+        # less this process's RSS, which the suite's earlier tests have grown past that share)
+        llm = vllm.LLM(str(TARGET), dtype="float32", enforce_eager=True,
+                       kv_cache_memory_bytes=256 << 20, max_model_len=512, max_num_seqs=4,
+                       seed=0, speculative_config=speculative_config(exported, TARGET, K))
+        yield {"llm": llm, "target": target, "head": ours, "exported": exported, "tmp": tmp}
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
 
 
 def vllm_drafts(llm, prompt: str, max_tokens: int) -> list[tuple[list[int], list[int]]]:

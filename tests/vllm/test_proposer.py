@@ -46,23 +46,28 @@ def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm")
     saved = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "AUTOSPEC_DAEMON")}
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    plain_llm = engine()
-    plain = greedy(plain_llm, PROMPTS * 2)
-    del plain_llm
-    gc.collect()
-    daemon = start_daemon(tmp)
-    os.environ["AUTOSPEC_DAEMON"] = daemon.url
-    llm = engine(SPEC)
-    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-    state = {"llm": llm, "proposer": runner.drafter, "plain": plain, "daemon": daemon, "tmp": tmp}
-    yield state
-    runner.drafter.link.close()
-    state["daemon"].stop()  # a test may have restarted it
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    state = {"tmp": tmp}
+    try:
+        plain_llm = engine()
+        state["plain"] = greedy(plain_llm, PROMPTS * 2)
+        del plain_llm
+        gc.collect()
+        state["daemon"] = start_daemon(tmp)
+        os.environ["AUTOSPEC_DAEMON"] = state["daemon"].url
+        state["llm"] = engine(SPEC)
+        runner = state["llm"].llm_engine.model_executor.driver_worker.worker.model_runner
+        state["proposer"] = runner.drafter
+        yield state
+    finally:  # the environment as it was, even when an engine failed to start
+        if "proposer" in state:
+            state["proposer"].link.close()
+        if "daemon" in state:
+            state["daemon"].stop()  # a test may have restarted it
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def requests_stored(url: str) -> int:
