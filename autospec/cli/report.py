@@ -21,8 +21,10 @@ import click
                    "--json` reports (repeatable): every fixed method's throughput as a "
                    "fraction of the best fixed method in each (pair, workload, concurrency), "
                    "and adaptive's.")
+@click.option("--by-category", is_flag=True,
+              help="With --bench: a cell per category too (pair, workload, category, concurrency).")
 def report(db_url: str | None, out_dir: Path, peak_gbs: float | None, window: int,
-           bench_paths: tuple[Path, ...]) -> None:
+           bench_paths: tuple[Path, ...], by_category: bool) -> None:
     """Write acceptance.png, drafters.png, speedup.png, bandwidth.png and summary.txt to
     --out, and print the summary. Exit 1 when the store holds no requests.
 
@@ -32,7 +34,7 @@ def report(db_url: str | None, out_dir: Path, peak_gbs: float | None, window: in
     if bench_paths:
         from autospec.bench.one_setting import one_setting_table
         try:
-            click.echo(one_setting_table(list(bench_paths)), nl=False)
+            click.echo(one_setting_table(list(bench_paths), by_category), nl=False)
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
         return

@@ -38,3 +38,25 @@ def test_a_file_that_is_not_a_bench_report_is_one_line(tmp_path):
     bad.write_text('{"methods": 3}')
     assert "bad.json: not an `autospec bench --json` report" in error_line(
         invoke(["report", "--bench", bad]))
+
+
+def test_a_vllm_report_by_category_counts_vllms_settings_as_fixed_and_not_ours(tmp_path):
+    """--engine vllm's methods: vllm:* are fixed settings, ours:* another engine (left out);
+    --by-category: a cell per category, by its requests' own speed (tokens_per_s)."""
+    def stats(copy, chat):
+        return {"overall": {"throughput_tokens_per_s": copy + chat},
+                "by_category": {"copy": {"tokens_per_s": copy}, "chat": {"tokens_per_s": chat}}}
+    report = {"settings": {"pair": "reference", "workload": "mix", "categories": ["chat", "copy"]},
+              "by_concurrency": {"1": {"methods": {
+                  "plain": stats(10, 10), "vllm:ngram:8": stats(40, 10), "vllm:ngram:2": stats(20, 12),
+                  "adaptive": stats(38, 12), "ours:adaptive": stats(90, 90)}}}}
+    path = tmp_path / "vllm.json"
+    path.write_text(json.dumps(report))
+    result = invoke(["report", "--bench", path, "--by-category"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split(" | ")[0].strip("| "): line for line in result.output.splitlines()}
+    assert "reference · mix · chat · N=1 | reference · mix · copy · N=1" in result.output
+    assert rows["vllm:ngram:8"].endswith("| 0.83 | 1.00 | 0.83 |")
+    assert rows["adaptive"].endswith("| 1.00 | 0.95 | 0.95 |")
+    assert "ours:adaptive" not in rows
+    assert "best single fixed setting: vllm:ngram:8, worst cell 0.83" in result.output
