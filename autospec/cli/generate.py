@@ -46,6 +46,10 @@ def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed
     engine = load_engine(target, draft, dtype, pair)
     if chat:
         from autospec.models.chat import encode_chat
+        from autospec.models.pairs import not_a_chat_model
+        refused = not_a_chat_model(engine.models.key)
+        if refused:
+            raise click.ClickException(f"--chat: {refused}")
         try:
             prompt = encode_chat(engine.models, [{"role": "user", "content": prompt}])
         except ValueError as exc:

@@ -35,6 +35,7 @@ class NamedPair:
     demo_workload: str = "mixed.jsonl"
     exit: Callable[[], Path] | None = None  # a trained early exit, where the pair ships one
     eagle: Callable[[], Path] | None = None  # a feature-level draft head, where it ships one
+    chat: bool = False  # a chat model: chat requests are served (else refused: not_a_chat_model)
 
     def workload(self, which: str) -> Path:
         """The default workload file for `bench` or `demo` (installed as autospec.configs)."""
@@ -72,8 +73,21 @@ PAIRS: dict[str, NamedPair] = {p.name: p for p in (
               lambda: smollm2_dir() / "target", lambda: SMOLLM2_SHIPPED_DIR / "draft",
               fetch="autospec models fetch smollm2", bench_workload="chat.jsonl",
               demo_workload="chat.jsonl", exit=lambda: SMOLLM2_SHIPPED_DIR / "exit",
-              eagle=lambda: SMOLLM2_SHIPPED_DIR / "eagle"),
+              eagle=lambda: SMOLLM2_SHIPPED_DIR / "eagle", chat=True),
 )}
+
+
+def not_a_chat_model(key: str) -> str | None:
+    """Why a chat to the pair `key` is refused, or None where it is served. A named pair that
+    is not a chat model (the reference pair continues Python source and prose: a chat to it
+    comes back as junk) is refused; any other model is served where its tokenizer has a
+    chat template (models/chat.py says so otherwise)."""
+    pair = PAIRS.get(key)
+    if pair is None or pair.chat:
+        return None
+    chats = ", ".join(name for name, p in PAIRS.items() if p.chat)
+    return (f"the {key} pair is not a chat model (it continues code and prose): send the text "
+            f"as a completion prompt, or chat with a chat pair ({chats})")
 
 
 def named_pair(name: str) -> NamedPair:

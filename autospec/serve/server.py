@@ -44,6 +44,7 @@ from autospec.drafters.suffix import SuffixOptions, export_handoffs, shared_inde
 from autospec.engine.loop import Engine
 from autospec.engine.request import Generation
 from autospec.models.chat import ChatError, encode_chat
+from autospec.models.pairs import not_a_chat_model
 from autospec.models.sampling import SamplingParams
 from autospec.policy import parameters_from_dict
 from autospec.serve import openai
@@ -133,6 +134,9 @@ class Server:
     def render(self, req: openai.Completion) -> openai.Completion:
         """A chat request with its messages rendered into prompt ids (the tokenizer is the
         decode thread's: a fast tokenizer used from two threads can fail)."""
+        refused = not_a_chat_model(self.engine.models.key)
+        if refused:
+            raise openai.InvalidRequest(f"messages: {refused}", "messages")
         try:
             ids = encode_chat(self.engine.models, req.messages)
         except ChatError as exc:

@@ -306,3 +306,19 @@ def test_chat_on_a_pair_without_a_template_is_a_400(shared):
     _, serve, _ = shared
     status, body = chat(serve.url)
     assert status == 400 and "has no chat template" in body["error"]["message"], body
+
+
+def test_chat_to_the_reference_pair_is_refused_naming_why(reference_pair):
+    """The shipped reference pair continues code and prose: a chat to it would come back as
+    junk, so the server refuses it (a 400 on `messages`), and `generate --chat` too."""
+    from autospec.engine.loop import Engine
+    from autospec.serve import openai as api
+    from autospec.serve.server import Server
+    from clirun import error_line, invoke
+    server = Server(Engine(reference_pair), "reference", decode_thread=False)
+    request = api.parse_chat({"messages": [{"role": "user", "content": "Hi!"}]}, "reference", 512)
+    with pytest.raises(api.InvalidRequest, match="not a chat model") as refused:
+        server.render(request)
+    assert refused.value.param == "messages"
+    line = error_line(invoke(["generate", "--chat", "--prompt", "Hi!", "--pair", "reference"]))
+    assert "the reference pair is not a chat model" in line and "smollm2" in line
