@@ -101,10 +101,9 @@ def drive(server: Server, prompts: list, clients: int, max_tokens: int,
 
 def requests_stored(db: Path) -> int:
     """Request records in the daemon's SQLite store (whichever daemon process wrote them)."""
-    import sqlite3
-    from autospec.store.schema import RequestRow
-    with sqlite3.connect(db) as connection:
-        return connection.execute(f"SELECT COUNT(*) FROM {RequestRow.__tablename__}").fetchone()[0]
+    from autospec.store import open_store
+    with open_store(f"sqlite:///{db}") as store:
+        return store.count_requests()
 
 
 def wait_for(predicate, timeout: float) -> bool:
