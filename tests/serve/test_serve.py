@@ -127,6 +127,8 @@ def test_daemon_killed_serving_continues_and_telemetry_arrives_later(system, tmp
     daemon, serve, db = system
     assert complete(serve.url)[0] == 200
     assert wait_for(lambda: stored(db) == 1)
+    # stored is not yet acknowledged: the ack travels back after the commit
+    assert wait_for(lambda: request(serve.url, "GET", "/healthz")[1]["daemon"]["unacknowledged"] == 0)
     daemon.signal(signal.SIGKILL)
     daemon.wait()
     for _ in range(5):  # the daemon is gone: serving goes on
