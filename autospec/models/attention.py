@@ -8,9 +8,14 @@ queries into the padded (n, H, T, D) layout against each row's own cache (RowLay
 returns them per row) and packs the result again. Attention is a small part of a step at
 these lengths; the MLP is most of it, so a step costs about its real tokens, not n x T —
 what lets one row speculate while the others decode plain (controller/batch.py).
+
+models/forward.py's forward hands `rows_attention` the packing; transformers' forward calls it
+through its attention interface, which has no argument for it: there it comes through
+`_PACKED`, set around the model's call (`interface_packing`).
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
 from dataclasses import dataclass
@@ -69,14 +74,14 @@ class Packing:
                                      for v in (offsets[:-1], wide, rest, rest_at)))
 
 
-def rows_attention(module, query, key, value, attention_mask, **kwargs):
-    """An attention interface (transformers' AttentionInterface) over rows at their own
-    offsets (key/value (n, H_kv, span, D), the rows' mask (n, 1, T, span)). Packed, query
-    (1, H, N, D) holds the rows' real tokens back to back; attended per row, the result is
-    packed again, (1, N, H, D). Several rows of a few tokens each (a verify step) attend by
-    `grouped_attention`, one row of a few (a verify at batch 1) by `one_row_attention`;
-    anything else (a prefill) by transformers' sdpa as before."""
-    packed = _PACKED.get()
+def rows_attention(module, query, key, value, attention_mask, packed: Packing | None = None,
+                   **kwargs):
+    """Attention over rows at their own offsets (key/value (n, H_kv, span, D), the rows' mask
+    (n, 1, T, span)), with transformers' attention interface's arguments. Packed (`packed`:
+    where the rows sit), query (1, H, N, D) holds the rows' real tokens back to back; attended
+    per row, the result is packed again, (1, N, H, D). Several rows of a few tokens each (a
+    verify step) attend by `grouped_attention`, one row of a few (a verify at batch 1) by
+    `one_row_attention`; anything else (a prefill) by transformers' sdpa as before."""
     grouped = not any(kwargs.get(name) for name in UNGROUPED)
     if packed is None:
         n, width = query.shape[0], query.shape[2]
@@ -166,7 +171,7 @@ def two_passes(rows: int, wide: int, width: int) -> bool:
     of 5-9): both pairs' best path at every wide in 1..12 and K in 4, 8, 16 but one near-tie
     (the reference pair, 6 rows at K = 16: 28.3 ms against padded 27.0); the rule before,
     two passes wherever at most half the rows were wide, cost up to 5 ms of 22 on the
-    reference pair and 10 of 101 on SmolLM2 at 8 rows wide (docs/benchmarks.md)."""
+    reference pair and 10 of 101 on SmolLM2 at 8 rows wide."""
     return wide >= 1 and (rows - wide) * (width - 1) >= TWO_PASS_SAVING * wide
 
 
@@ -203,7 +208,22 @@ def grouped_attention(query, key, value, mask, scaling: float | None) -> torch.T
     return torch.matmul(probs, value).view(n, heads, width, dim).transpose(1, 2)
 
 
-AttentionInterface.register(ROWS_ATTENTION, rows_attention)
+@contextlib.contextmanager
+def interface_packing(packed: Packing | None):
+    """`packed` for rows_attention while transformers' forward calls it (`_interface`)."""
+    token = _PACKED.set(packed)
+    try:
+        yield
+    finally:
+        _PACKED.reset(token)
+
+
+def _interface(module, query, key, value, attention_mask, **kwargs):
+    """rows_attention as transformers' attention interface calls it: packed as `_PACKED` says."""
+    return rows_attention(module, query, key, value, attention_mask, _PACKED.get(), **kwargs)
+
+
+AttentionInterface.register(ROWS_ATTENTION, _interface)
 # and sdpa's masks: transformers makes none for an attention it has no mask function for
 # (its generate() over left-padded rows, or a verify after a cache, would then attend wrongly)
 AttentionMaskInterface.register(ROWS_ATTENTION, sdpa_mask)

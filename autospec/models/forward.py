@@ -13,7 +13,7 @@ stacked), Q and K rotated together; products by a large weight (`MIN_PACKED`; fo
 15-22 GB/s at 1-3 tokens, 13-16 at 5-9; a copy of those weights, made on first use and again
 when a weight changes — SmolLM2 in float32: ~0.5 GB more). One forward against transformers'
 on the same RowCache: SmolLM2 one row 61 against 70 ms, a 3-token verify 58-71 against
-120-143, 16 rows 117-122 against 165-177 (docs/benchmarks.md). What it reads of the model
+120-143, 16 rows 117-122 against 165-177. What it reads of the model
 (modules, weights, head counts) it looks up once (`_Plan`), checked each forward in one pass;
 a one-token step at one row attends without a mask (`one_row_attention`), and in float32
 the norm is torch's rms_norm (both the same bits): a one-row one-token forward of the
@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autospec.models.attention import ROWS_ATTENTION, one_row_attention, rows_attention
+from autospec.models.attention import ROWS_ATTENTION, Packing, one_row_attention, rows_attention
+from autospec.models.plan import ForwardBatch
 from autospec.models.shared_draft import SubsetHead
 
 
@@ -272,26 +273,26 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def llama_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids: torch.Tensor,
-                  attention_mask: torch.Tensor, logits_to_keep=None,
-                  output_hidden_states: bool = False):
-    """Logits (B, T', V) of input_ids (B, T) written into `cache` (a bound RowCache) — and,
-    with output_hidden_states, the last hidden state (B, T, D) after the final norm — as
-    transformers' LlamaForCausalLM forward returns them for the same arguments."""
+def llama_forward(model: nn.Module, batch: ForwardBatch, cache, output_hidden_states: bool = False):
+    """Logits (B, T', V) of the batch's input (B, T) written into `cache` (a RowCache holding
+    `batch`) — and, with output_hidden_states, the last hidden state (B, T, D) after the final
+    norm — as transformers' LlamaForCausalLM forward returns them for the same arguments."""
     plan = _plan(model)
     eps = plan.eps
-    x = plan.embed(input_ids)
-    cos, sin = plan.rotary(x, position_ids)
+    x = plan.embed(batch.input_ids)
+    cos, sin = plan.rotary(x, batch.position_ids)
     cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D): broadcast over heads
     # one row, one token (a plain step at batch 1): its mask hides nothing
-    one = input_ids.shape == (1, 1)
+    one = batch.input_ids.shape == (1, 1)
     for index, layer in enumerate(plan.layers):
-        x = _decoder_layer(layer, x, cos, sin, cache.layers[index], attention_mask, one, eps)
+        x = _decoder_layer(layer, x, cos, sin, cache.layers[index], batch.mask, batch.packing,
+                           one, eps)
     hidden = _norm(x, plan.norm, eps)
-    if isinstance(logits_to_keep, int) and logits_to_keep:
-        scored = hidden[:, -logits_to_keep:]
-    elif isinstance(logits_to_keep, torch.Tensor):
-        scored = hidden[:, logits_to_keep]
+    keep = batch.logits_to_keep
+    if isinstance(keep, int) and keep:
+        scored = hidden[:, -keep:]
+    elif isinstance(keep, torch.Tensor):
+        scored = hidden[:, keep]
     else:
         scored = hidden
     logits = plan.head(scored)
@@ -301,9 +302,11 @@ def llama_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids
 
 
 def _decoder_layer(layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   cache_layer, attention_mask, one: bool, eps: float) -> torch.Tensor:
+                   cache_layer, attention_mask, packing: Packing | None, one: bool,
+                   eps: float) -> torch.Tensor:
     """One Llama decoder layer over x (B, T, D), its K and V written into `cache_layer` (a
-    bound RowCache's); `one`: a single row's single token, attended without a mask."""
+    bound RowCache's); `packing`: x holds rows packed (rows_attention); `one`: a single row's
+    single token, attended without a mask."""
     batch, width = x.shape[:2]
     heads, kv_heads = layer.heads, layer.kv_heads
     h = _norm(x, layer.input_norm, eps)
@@ -313,7 +316,7 @@ def _decoder_layer(layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch
     if one:
         out = one_row_attention(qk[:, :heads], k, v, None, layer.scaling)
     else:
-        out, _ = rows_attention(layer.attn, qk[:, :heads], k, v, attention_mask,
+        out, _ = rows_attention(layer.attn, qk[:, :heads], k, v, attention_mask, packing,
                                 scaling=layer.scaling, dropout=0.0)
     x = x + layer.o(out.reshape(batch, width, -1))
     h = _norm(x, layer.post_norm, eps)
@@ -347,7 +350,7 @@ def head_forward(head: nn.Module, input_ids: torch.Tensor, features: torch.Tenso
     x = plan.fc(torch.cat([plan.embed(input_ids).to(features.dtype), features], -1))
     cos, sin = plan.rotary(x, position_ids)
     x = _decoder_layer(plan.layer, x, cos[:, None], sin[:, None], cache.layers[0],
-                       attention_mask, input_ids.shape == (1, 1), plan.eps)
+                       attention_mask, None, input_ids.shape == (1, 1), plan.eps)
     return _norm(x, plan.norm, plan.eps)
 
 

@@ -1,6 +1,7 @@
 """KV caches over transformers' Cache API (5.x names the argument `cache`, 4.x
 `past_key_values`): `RowCache`, the one cache every decode-time forward uses (the engine's
-target, the draft model, the early exit), and `cached_forward`.
+target, the draft model, the early exit). A forward is planned (models/plan.py: the rows,
+their positions and masks, the packing), then run (`cached_forward`).
 
 A KV cache with a length per row (engine/loop.py, the target's; drafters/draft_model.py, a
 draft model's or an early exit's).
@@ -23,16 +24,15 @@ over used ones, and on a CPU it is not free.
 from __future__ import annotations
 
 import functools
-import itertools
 import inspect
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from autospec.models.attention import _PACKED, Packing, packs
+from autospec.models.attention import interface_packing, packs
 from autospec.models.forward import fits, llama_forward
+from autospec.models.plan import ForwardBatch, fill, place, plan
 from autospec.models.pair import kv_shape
 
 
@@ -47,57 +47,26 @@ def keeps_logits(model_class) -> bool:
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
-def cached_forward(model, input_ids: torch.Tensor, cache: Cache, kwarg: str,
-                   last: int | None = None, **inputs: torch.Tensor) -> torch.Tensor:
-    """Logits (B, n, V) for input_ids (B, n) appended after what the cache holds; with `last`,
-    only the last `last` positions are scored (a prefill needs none or one: the LM head over a
-    whole prompt costs as much as several decode steps). `inputs`: position_ids and a 4-D
-    attention_mask where rows sit at their own offsets (RowCache.bind). A Llama model runs
-    models/forward.py's forward, every other model transformers' own."""
-    if isinstance(cache, RowCache) and fits(model):
-        keep = inputs.get("logits_to_keep", last)
-        return llama_forward(model, input_ids, cache, inputs["position_ids"],
-                             inputs["attention_mask"], keep,
-                             bool(inputs.get("output_hidden_states")))
-    extra = {"logits_to_keep": last} if last is not None and keeps_logits(type(model)) else {}
-    out = model(input_ids=input_ids, use_cache=True, **{kwarg: cache}, **extra, **inputs)
-    if inputs.get("output_hidden_states"):  # and the last hidden state (after the final norm)
-        return out.logits, out.hidden_states[-1]
-    return out.logits
+def cached_forward(model, kwarg: str, cache: "RowCache", batch: ForwardBatch):
+    """Logits (n, T', V) of the batch's input, written into `cache` (holding `batch`); where
+    the cache keeps hidden states, with the last hidden state after the final norm. A Llama
+    model runs models/forward.py's forward, given the batch; every other model transformers'
+    own, whose attention reads the packing through attention.py's `interface_packing`."""
+    hidden = cache.hidden is not None
+    if fits(model):
+        return llama_forward(model, batch, cache, hidden)
+    extra = {} if batch.logits_to_keep is None else {"logits_to_keep": batch.logits_to_keep}
+    if hidden:
+        extra["output_hidden_states"] = True
+    with interface_packing(batch.packing):
+        out = model(input_ids=batch.input_ids, use_cache=True, **{kwarg: cache},
+                    position_ids=batch.position_ids, attention_mask=batch.mask, **extra)
+    return (out.logits, out.hidden_states[-1]) if hidden else out.logits
 
 
 # Positions per slot allocated at first; doubled as rows reach further (a handful of copies
 # over a request's life, each of what the cache then holds).
 INITIAL_CAPACITY = 256
-
-
-@dataclass
-class Bound:
-    """Where the rows of the forward in progress sit in the cache (n rows, T tokens each)."""
-    slots: torch.Tensor  # (n,) the rows' slots
-    # the rows' first slot when they are consecutive slots in order (s, s+1, ...): then the
-    # forward reads a view of the store; else (None) it gathers the rows, a copy of every
-    # layer's K and V up to the span (at 16 rows it tripled a step: engine/loop.py feeds
-    # its rows in slot order)
-    first: int | None
-    # (None for one row: its `window`)
-    write_slot: torch.Tensor | None  # (N,) slot of each real (non-padding) input token
-    write_pos: torch.Tensor | None  # (N,) its cache position
-    valid: torch.Tensor | None  # (n, T) bool, a real token and not padding
-    span: int  # cache positions read: max over rows of length_i + tokens_i
-    # one row (a batch of one, a prefill, a per-request drafter): (slot, start, stop), its
-    # tokens written as a slice, the same entries as the indexed write — which made a plain
-    # step at batch 1 on the reference pair 11.5 ms a token instead of 10.5 (9 %)
-    window: tuple[int, int, int] | None = None
-    # packed: the forward's input is one sequence of the rows' real tokens back to back (no
-    # padding), so the linear layers compute only those; attention unpacks (rows_attention)
-    packed: bool = False
-
-    def read(self, store: torch.Tensor) -> torch.Tensor:
-        """(B_max, H, L_max, D) -> the forward's rows, (n, H, span, D)."""
-        if self.first is not None:
-            return store[self.first:self.first + len(self.slots), :, :self.span]
-        return store[:, :, :self.span].index_select(0, self.slots)  # 0.7x store[slots, :, :span]
 
 
 class RowLayer(CacheLayerMixin):
@@ -132,7 +101,7 @@ class RowLayer(CacheLayerMixin):
             slot, start, stop = bound.window
             self.keys[slot, :, start:stop] = key_states[0]
             self.values[slot, :, start:stop] = value_states[0]
-        elif bound.packed:  # (1, H, N, D): the rows' real tokens back to back
+        elif bound.packing is not None:  # (1, H, N, D): the rows' real tokens back to back
             self.keys[bound.write_slot, :, bound.write_pos] = key_states[0].transpose(0, 1)
             self.values[bound.write_slot, :, bound.write_pos] = value_states[0].transpose(0, 1)
         else:
@@ -168,7 +137,9 @@ class RowCache(Cache):
         self.device, self.dtype = param.device, param.dtype
         self.lengths = [0] * max_batch  # tokens cached per slot
         self.free = list(range(max_batch))  # free slots, lowest first
-        self.bound: Bound | None = None
+        # the forward in progress, for the layers' update as transformers' Cache interface
+        # calls it (no argument for it there)
+        self.bound: ForwardBatch | None = None
         self._unpacked: torch.Tensor | None = None  # a packed forward's padded logits (forward)
         # keep_hidden: the model's last hidden state (after its final norm: what its head
         # reads) at every cached position, (B_max, capacity, D), written by the same forward
@@ -192,7 +163,7 @@ class RowCache(Cache):
         if bound.window is not None:
             slot, start, stop = bound.window
             self.hidden[slot, start:stop] = hidden[0]
-        elif bound.packed:
+        elif bound.packing is not None:
             self.hidden[bound.write_slot, bound.write_pos] = hidden[0]
         else:
             self.hidden[bound.write_slot, bound.write_pos] = hidden[bound.valid]
@@ -214,45 +185,13 @@ class RowCache(Cache):
 
     def bind(self, slots: Sequence[int], n_tokens: Sequence[int],
              position_limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Set up a forward of rows `slots` feeding n_tokens[i] real tokens each (padded to T).
-        Returns position_ids (n, T) and the additive mask (n, 1, T, span)."""
-        if len(slots) == 1:
-            return self._bind_one(slots[0], n_tokens[0], position_limit)
-        lengths = torch.tensor([self.lengths[s] for s in slots])
-        counts = torch.tensor(list(n_tokens))
-        offsets = torch.arange(int(counts.max()))
-        valid = offsets[None, :] < counts[:, None]  # (n, T)
-        positions = lengths[:, None] + offsets[None, :]  # (n, T)
-        span = int((lengths + counts).max())
-        self._room(span)
-        slot_ids = torch.tensor(list(slots))
-        first = slots[0] if list(slots) == list(range(slots[0], slots[0] + len(slots))) else None
-        self.bound = Bound(slot_ids.to(self.device), first,
-                           slot_ids[:, None].expand_as(valid)[valid].to(self.device),
-                           positions[valid].to(self.device), valid.to(self.device), span)
-        # row i's query t (position length_i + t) sees cache positions 0 .. length_i + t
-        allowed = torch.arange(span)[None, None, :] <= positions[:, :, None]  # (n, T, span)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        # padding may run past the model's positions (learned embeddings): its output is unused
-        position_ids = positions.clamp(max=position_limit - 1)
-        return position_ids.to(self.device), mask[:, None].to(self.device)
-
-    def _bind_one(self, slot: int, count: int, position_limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`bind` for one row (a batch of one, a prefill, a per-request drafter): its tokens a
-        window of its slot, its mask causal over them only — the same tensors as the rows'
-        way, in a few ops (that way took ~0.2 ms, 2 % of the reference pair's plain step)."""
-        start = self.lengths[slot]
-        span = start + count
-        self._room(span)
-        self.bound = Bound(torch.tensor([slot], device=self.device), slot, None, None, None, span,
-                           (slot, start, span))
-        positions = torch.arange(start, span, device=self.device)[None].clamp(max=position_limit - 1)
-        mask = torch.zeros((1, 1, count, span), dtype=self.dtype, device=self.device)
-        if count > 1:  # query t sees its row up to position start + t
-            later = torch.ones((count, count), dtype=torch.bool, device=self.device).triu_(1)
-            mask[0, 0, :, start:].masked_fill_(later, torch.finfo(self.dtype).min)
-        return positions, mask
+        """Hold a forward of rows `slots` feeding n_tokens[i] real tokens each, padded to T
+        (plan.place), until its caller sets `bound` back to None. Returns position_ids (n, T)
+        and the additive mask (n, 1, T, span)."""
+        batch = place(self.lengths, slots, n_tokens, position_limit, self.dtype, self.device)
+        self._room(batch.span)
+        self.bound = batch
+        return batch.position_ids, batch.mask
 
     def _room(self, span: int) -> None:
         """Every slot's store holds `span` positions (grown, the cached ones copied)."""
@@ -269,89 +208,35 @@ class RowCache(Cache):
 
     def forward(self, model, kwarg: str, slots: Sequence[int], inputs: Sequence[list[int]],
                 position_limit: int, last: int | None = None, scored: Sequence[int] | None = None,
-                **extra) -> torch.Tensor:
+                logits_to_keep: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (n, T, V) of the rows' token lists, right-padded, each written at its row's
-        own offset; rows fed in slot order read the store as a view. Packed, the logits are a
-        view valid until the next packed forward. The rows' lengths are the caller's to advance
-        (a verify keeps only the accepted part). `last` and `extra` (logits_to_keep) as
-        cached_forward takes them. `scored`: per row, how many of its last positions the
-        caller reads (0 for a prompt chunk, 1 + k for a verify after the rest of a prompt:
-        Engine.step_batch); the logits are then those rows' only, in order, each from its
-        first scored position."""
-        first, n = slots[0], len(slots)
-        gaps = slots[-1] - first + 1 - n
-        if sorted(slots) == list(slots) and 0 < gaps <= n:
-            # rows in slot order with a few free slots between them (a row left, no request
-            # took its slot): a filler row for each gap — one token into the free slot, its
-            # logits dropped — so the forward still reads a view of the store rather than
-            # gathering every layer's K and V (at 14 of 16 rows the gather took a step from
-            # ~30 to ~70 ms; the filler costs what a row does). The filler's write is
-            # overwritten when a request next claims the slot. Where the gaps outnumber the
-            # rows (a run's last few requests), the fillers cost more than the gather: over
-            # a 16-slot span, 3 rows took 97 ms with fillers and 45 gathered on SmolLM2,
-            # 13.6 and 7.6 on the reference pair; 8 rows 100 / 84 and 13.4 / 14.0
-            given = dict(zip(slots, inputs))
-            wanted = dict(zip(slots, scored if scored is not None else map(len, inputs)))
-            full = list(range(first, slots[-1] + 1))
-            return self.forward(model, kwarg, full, [given.get(s, [0]) for s in full],
-                                position_limit, last, [wanted.get(s, 0) for s in full], **extra)
-        counts = [len(ids) for ids in inputs]
-        width = max(counts)
-        scored = counts if scored is None else list(scored)
-        keep = [i for i in range(n) if scored[i]]
-        partial = scored != counts
-        whole = all(k in (0, c) for k, c in zip(scored, counts))  # rows scored all or not at all
-        # rows of unequal widths, or a row scored in part: packed, where the model's attention
-        # unpacks (a forward given `last` or logits_to_keep stays padded)
-        packed = last is None and not extra and (min(counts) < width or not whole) and packs(model)
-        if not (whole or packed):
-            raise ValueError("a row scored in part needs a packing model (rows attention)")
-        position_ids, mask = self.bind(slots, counts, position_limit)
-        bound = self.bound
-        if packed:
-            bound.packed = True
-            input_ids = torch.tensor([[t for ids in inputs for t in ids]], device=self.device)
-            position_ids = position_ids[bound.valid][None]
-            packing = Packing.of(counts, self.device)
-            token = _PACKED.set(packing)
-            if partial:  # the scored positions in the packed sequence
-                ends = list(itertools.accumulate(counts))
-                positions = [p for i in keep for p in range(ends[i] - scored[i], ends[i])]
-            if partial and keeps_logits(type(model)):
-                # the head over the scored rows' positions only (a chunk's 64 positions
-                # through SmolLM2's 49k-word head would cost a third of a 16-row step)
-                extra = {"logits_to_keep": torch.tensor(positions, device=self.device)}
-        else:
-            input_ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in inputs],
-                                     device=self.device)
+        own offset. Packed, the logits are a view valid until the next packed forward. The
+        rows' lengths are the caller's to advance (a verify keeps only the accepted part).
+        `last`, `scored` and `logits_to_keep` (`keep`) as plan.plan takes them (`scored`: the
+        logits are then the scored rows' only, in order, each from its first scored position)."""
+        slots, inputs, scored = fill(slots, inputs, scored)
+        self.bind(slots, [len(ids) for ids in inputs], position_limit)
         try:
-            if self.hidden is None:
-                logits = cached_forward(model, input_ids, self, kwarg, last,
-                                        position_ids=position_ids, attention_mask=mask, **extra)
-            else:
-                logits, hidden = cached_forward(model, input_ids, self, kwarg, last,
-                                                position_ids=position_ids, attention_mask=mask,
-                                                output_hidden_states=True, **extra)
+            batch = self.bound = plan(self.bound, inputs, scored, last, logits_to_keep,
+                                      lambda: packs(model), keeps_logits(type(model)))
+            logits = cached_forward(model, kwarg, self, batch)
+            if self.hidden is not None:
+                logits, hidden = logits
                 self._keep_hidden(hidden)
         finally:
             self.bound = None
-            if packed:
-                _PACKED.reset(token)
-        if not packed:
-            return logits[keep] if partial else logits
+        if batch.packing is None:
+            return logits if batch.rows is None else logits[batch.rows]
         # back to (n, T, V), right-padded (the padding's logits are never read), into one buffer
         # reused from forward to forward: valid until this cache's next packed forward. A fresh
         # one (16 rows, one 17 wide, SmolLM2's 49k vocabulary: 53 MB) cost 10 ms a step in
         # page faults
-        if partial and "logits_to_keep" not in extra:
-            logits = logits[:, positions]
-        kept = [scored[i] for i in keep]
-        n, width = len(kept), max(kept)
-        flat = packing.flat if not partial else torch.tensor(
-            [i * width + t for i, c in enumerate(kept) for t in range(c)], device=self.device)
+        if batch.picked is not None:
+            logits = logits[:, batch.picked]
+        n, width = batch.unpacked
         size, vocab = n * width, logits.shape[-1]
         if self._unpacked is None or len(self._unpacked) < size or self._unpacked.shape[1] != vocab:
             self._unpacked = logits.new_empty((size, vocab))
         out = self._unpacked[:size]
-        out.index_copy_(0, flat, logits[0])
+        out.index_copy_(0, batch.unpack, logits[0])
         return out.view(n, width, -1)
