@@ -89,3 +89,19 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    """GET /metrics parsed by prometheus_client's own parser: (sample name, its labels) ->
+    value, so a check reads a series whatever order its labels are written in."""
+    from prometheus_client.parser import text_string_to_metric_families
+    status, text = request(url, "GET", "/metrics")
+    assert status == 200, text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def sample(scraped: dict, name: str, **labels) -> float:
+    """One series' value in a scrape (0 where it has not appeared yet)."""
+    return scraped.get((name, frozenset((k, str(v)) for k, v in labels.items())), 0.0)
+

@@ -23,9 +23,9 @@ import logging
 
 from aiohttp import web
 
-from autospec.daemon import metrics
 from autospec.daemon.outputs import BadOutputs, parse_outputs
 from autospec.daemon.state import DaemonState, dumps
+from autospec.metrics import CONTENT_TYPE, exposition
 from autospec.store import StoreError
 from autospec.telemetry import RequestRecord, TelemetryError
 
@@ -165,15 +165,19 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def prometheus(request: web.Request) -> web.Response:
-    return web.Response(text=metrics.render(request.app[STATE]),
-                        content_type="text/plain", charset="utf-8",
-                        headers={"X-Prometheus-Format": "0.0.4"})
+    return web.Response(body=exposition(request.app[STATE].registry),
+                        headers={"Content-Type": CONTENT_TYPE})
+
+
+# answered without the token: a health check and Prometheus' scrape, which carry counts and
+# estimates, never a request's text (the same rule as `autospec serve` and vLLM)
+OPEN = ("/healthz", "/metrics")
 
 
 def make_app(state: DaemonState, token: str | None = None, on_batch=lambda: None) -> web.Application:
     @web.middleware
     async def guard(request: web.Request, handler):
-        if token and request.path != "/healthz":
+        if token and request.path not in OPEN:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
                 state.counters.rejected["unauthorised"] += 1

@@ -29,10 +29,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from autospec.daemon.learner import Learner, fleet_batch_cost, fleet_estimates
+from autospec.daemon.metrics import StateCollector
 from autospec.daemon.outputs import OutputLog
 from autospec.policy import Policy, PolicyError, load_policy, parameters_to_dict, parse_policy
 from autospec.store import Store
+from autospec.metrics import StepSeries
 from autospec.telemetry import UNLABELLED, RequestRecord
 
 log = logging.getLogger("autospec.daemon")
@@ -69,6 +73,9 @@ class DaemonState:
         self.fleet: dict[tuple[str, str], tuple[list[dict], list[dict]]] = {}
         self.dirty: set[tuple[str, str]] = set()
         self.counters = Counters()
+        self.registry = CollectorRegistry()  # GET /metrics (daemon/metrics.py)
+        self.registry.register(StateCollector(self))
+        self.chosen = StepSeries(self.registry, "autospec_", ("model_pair", "workload"))
         self.outputs = OutputLog()  # the event loop's (see outputs.py)
         self.started = time.time()
         # one thread for every mutation (see the module docstring); SQLite has one writer anyway
@@ -153,11 +160,13 @@ class DaemonState:
             c.proposed[(model_pair, workload)] += r.proposed
             c.accepted[(model_pair, workload)] += r.accepted
             c.step_records += len(r.step_records)
+            self.chosen.observe(r.step_records, model_pair=model_pair, workload=workload)
             for drafter, share in r.drafter_shares.items():
                 c.steps[(model_pair, workload, drafter)] += share * r.steps
-        if peak_gbs:
+        seconds = sum(r.bytes_moved / r.bandwidth_gbs for r in records if r.bandwidth_gbs) / 1e9
+        if peak_gbs and seconds > 0:  # pooled, as `autospec report`'s util: bytes / seconds
             c.bandwidth_utilisation[model_pair] = (
-                sum(r.bandwidth_gbs for r in records) / len(records) / peak_gbs)
+                sum(r.bytes_moved for r in records) / seconds / 1e9 / peak_gbs)
         self._publish(key)
         self.dirty.add(key)
         return stored

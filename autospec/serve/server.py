@@ -43,6 +43,7 @@ from autospec.controller.factory import make_controller
 from autospec.drafters.suffix import SuffixOptions, export_handoffs, shared_index, shared_tokens
 from autospec.engine.loop import Engine
 from autospec.engine.request import Generation
+from autospec.metrics import CONTENT_TYPE
 from autospec.models.chat import ChatError, encode_chat
 from autospec.models.pairs import not_a_chat_model
 from autospec.models.sampling import SamplingParams
@@ -109,7 +110,7 @@ class Server:
         self.params: dict | None = None  # the last GET /v1/params answer
         self.controllers: dict[str | None, AdaptiveController] = {}
         self.served = 0
-        self.metrics = ServeMetrics()
+        self.metrics = ServeMetrics(self.model_name)
 
     # -- decode thread ---------------------------------------------------------------------
     def controller(self, workload: str | None) -> AdaptiveController:
@@ -339,10 +340,10 @@ class Server:
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         cache = self.batch.cache
-        body = self.metrics.render(self.model_name, self.decode.waiting,
-                                   cache.max_batch - len(cache.free), cache.max_batch)
-        return web.Response(text=body, content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Type-Options": "nosniff"})
+        body = self.metrics.render(self.decode.waiting, cache.max_batch - len(cache.free),
+                                   cache.max_batch)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE,
+                                                "X-Content-Type-Options": "nosniff"})
 
     def app(self) -> web.Application:
         keys = self.api_keys

@@ -112,6 +112,9 @@ def test_bearer_token(tmp_path):
         assert request(daemon.url, "POST", "/v1/telemetry", body,
                        {"Authorization": "Bearer wrong"})[0] == 401
         assert request(daemon.url, "GET", "/healthz")[0] == 200
+        # Prometheus scrapes without the token, as /healthz; everything under /v1 needs it
+        assert request(daemon.url, "GET", "/metrics")[0] == 200
+        assert request(daemon.url, "GET", "/v1/params?model_pair=p&hardware=h")[0] == 401
         assert stored(tmp_path / "s.db") == 0
         assert request(daemon.url, "POST", "/v1/telemetry", body,
                        {"Authorization": "Bearer s3cret"})[0] == 200

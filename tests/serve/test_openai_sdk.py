@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from processes import request, start
+from conftest import assert_lossless_text
+from processes import request, sample, scrape, start
 
 openai = pytest.importorskip("openai")
 
@@ -41,19 +42,23 @@ def test_completions_and_chat_through_the_sdk_equal_the_engine(served, tiny_dir)
     serve, target, _ = served
     engine = Engine(load_pair(str(target), str(tiny_dir / "draft")))
     sdk = client(serve)
+    # the server's controller against plain decoding here: the near-tie rule (trained
+    # weights), on the text (the tokens stay in the server)
     want = engine.generate(PROMPT, drafter=None, max_new_tokens=12).text
     got = sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0)
-    assert got.choices[0].text == want
+    assert_lossless_text(engine.models, PROMPT, want, got.choices[0].text, 12)
     streamed = sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
                                       stream=True)
-    assert "".join(c.choices[0].text for c in streamed) == want
+    assert_lossless_text(engine.models, PROMPT, want,
+                         "".join(c.choices[0].text for c in streamed), 12)
     ids = engine.models.tokenizer.encode(chatml(CHAT), add_special_tokens=False)
     want = engine.generate(ids, drafter=None, max_new_tokens=12).text
     reply = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, temperature=0)
-    assert reply.choices[0].message.content == want
+    assert_lossless_text(engine.models, ids, want, reply.choices[0].message.content, 12)
     chunks = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12,
                                          temperature=0, stream=True)
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+    assert_lossless_text(engine.models, ids, want,
+                         "".join(c.choices[0].delta.content or "" for c in chunks), 12)
 
 
 def test_a_missing_or_wrong_key_is_a_401_and_health_stays_open(served):
@@ -132,8 +137,8 @@ def test_stop_through_the_sdk_streamed_and_not(served, tiny_dir):
     from autospec.engine.loop import Engine
     from autospec.models.pair import load_pair
     serve, target, _ = served
-    full = Engine(load_pair(str(target), str(tiny_dir / "draft"))).generate(
-        PROMPT, drafter=None, max_new_tokens=24).text
+    pair = load_pair(str(target), str(tiny_dir / "draft"))
+    full = Engine(pair).generate(PROMPT, drafter=None, max_new_tokens=24).text
     stop = full[len(full) // 2:len(full) // 2 + 3]
     want = full[:full.find(stop)]
     sdk = client(serve)
@@ -141,12 +146,21 @@ def test_stop_through_the_sdk_streamed_and_not(served, tiny_dir):
         extra = {"autospec": {"method": method}}
         got = sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
                                      stop=[stop, "never seen"], extra_body=extra)
-        assert (got.choices[0].text, got.choices[0].finish_reason) == (want, "stop")
         chunks = list(sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=24,
                                              temperature=0, stop=stop, stream=True,
                                              extra_body=extra))
-        assert "".join(c.choices[0].text for c in chunks) == want
-        assert chunks[-1].choices[0].finish_reason == "stop"
+        texts = [(got.choices[0].text, got.choices[0].finish_reason),
+                 ("".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason)]
+        if method == "plain":  # plain here and there: exact
+            assert texts == [(want, "stop")] * 2
+            continue
+        # speculative: the near-tie rule (trained weights); where the text is plain's, the stop
+        # cut it there
+        for text, reason in texts:
+            if text == want:
+                assert reason == "stop"
+            else:
+                assert_lossless_text(pair, PROMPT, want, text, 24)
 
 
 def test_logprobs_through_the_sdk_streamed_and_not(served, tiny_dir):
@@ -168,9 +182,13 @@ def test_logprobs_through_the_sdk_streamed_and_not(served, tiny_dir):
         extra = {"autospec": {"method": method}}
         got = sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
                                      logprobs=2, extra_body=extra).choices[0]
-        assert "".join(got.logprobs.tokens) == got.text == want.text
-        assert got.logprobs.token_logprobs == pytest.approx(
-            [e.logprob for e in want.logprobs], abs=1e-4)
+        assert "".join(got.logprobs.tokens) == got.text
+        if method == "plain" or got.text == want.text:
+            assert got.text == want.text
+            assert got.logprobs.token_logprobs == pytest.approx(
+                [e.logprob for e in want.logprobs], abs=1e-4)
+        else:  # parted from plain at a near-tie (trained weights): other tokens' logprobs
+            assert_lossless_text(engine.models, PROMPT, want.text, got.text, 12)
         assert all(len(top) <= 2 for top in got.logprobs.top_logprobs)
         chunks = list(sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=12,
                                              temperature=0, logprobs=2, stream=True,
@@ -189,11 +207,16 @@ def test_logprobs_through_the_sdk_streamed_and_not(served, tiny_dir):
     assert "".join(t.token for t in content) == reply.message.content
     assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in content)
     ids = engine.models.tokenizer.encode(chatml(CHAT), add_special_tokens=False)
-    assert reply.message.content == engine.generate(ids, drafter=None, max_new_tokens=12).text
+    plain = engine.generate(ids, drafter=None, max_new_tokens=12).text
+    assert_lossless_text(engine.models, ids, plain, reply.message.content, 12)
     chunks = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12,
                                          temperature=0, logprobs=True, stream=True)
-    assert [t.token for c in chunks if c.choices and c.choices[0].logprobs
-            for t in c.choices[0].logprobs.content] == [t.token for t in content]
+    streamed = [t.token for c in chunks if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content]
+    if "".join(streamed) == reply.message.content:
+        assert streamed == [t.token for t in content]
+    else:  # the controller's K differed, and one of the two parted from plain at a near-tie
+        assert_lossless_text(engine.models, ids, plain, "".join(streamed), 12)
     with pytest.raises(openai.BadRequestError) as caught:
         sdk.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=6)
     assert caught.value.body["param"] == "logprobs"
@@ -204,18 +227,15 @@ def test_logprobs_through_the_sdk_streamed_and_not(served, tiny_dir):
 
 def test_metrics_are_served_open_and_count_what_happened(served):
     """Run last in this module: the requests above, refusals included, are in the counts."""
-    import re
     serve, _, _ = served
-    status, text = request(serve.url, "GET", "/metrics")  # no key: open, like /healthz
-    assert status == 200
-    for line in ('autospec_serve_requests_total{model="tiny",finish_reason="stop"}',
-                 'autospec_serve_refused_total{model="tiny",reason="unauthorized"}',
-                 'autospec_serve_refused_total{model="tiny",reason="queue_full"}',
-                 'autospec_serve_refused_total{model="tiny",reason="bad_request"}',
-                 'autospec_serve_draft_tokens_total{model="tiny",drafter="ngram",result="accepted"}',
-                 'autospec_serve_queue_depth{model="tiny"} 0',
-                 'autospec_serve_batch_rows_max{model="tiny"} 1'):
-        assert line in text, line
-    served_count = int(re.search(r'time_to_first_token_seconds_count (\d+)', text).group(1))
-    assert served_count >= 10
-    assert int(re.search(r'chunk_gap_seconds_bucket\{le="\+Inf"\} (\d+)', text).group(1)) > 0
+    scraped = scrape(serve.url)  # no key: open, like /healthz
+    m = {"model": "tiny"}
+    assert sample(scraped, "autospec_serve_requests_total", **m, finish_reason="stop") > 0
+    for reason in ("unauthorized", "queue_full", "bad_request"):
+        assert sample(scraped, "autospec_serve_refused_total", **m, reason=reason) > 0, reason
+    assert sample(scraped, "autospec_serve_draft_tokens_total", **m, drafter="ngram",
+                  result="accepted") > 0
+    assert sample(scraped, "autospec_serve_queue_depth", **m) == 0
+    assert sample(scraped, "autospec_serve_batch_rows_max", **m) == 1
+    assert sample(scraped, "autospec_serve_time_to_first_token_seconds_count") >= 10
+    assert sample(scraped, "autospec_serve_chunk_gap_seconds_bucket", le="+Inf") > 0
