@@ -6,11 +6,12 @@ prompt + output[:t]) agree with the target's output. A controller that drafts K 
 that drafter at t gets min(match[t], K) accepted plus one target token — exactly what the
 live engine would do. Costs are measured once during recording (draft seconds per token per
 drafter, verify seconds per forward size), and replay charges them, so controllers are
-compared deterministically and in milliseconds (this is what `tune` searches over).
+compared deterministically and in milliseconds (this is what `tune` searches over). Replay is
+the live loop itself, `Engine.run`, over a recorded target (bench/recorded.py).
 
 Under load (`replay_batch`, `autospec replay --rows N`): N closed-loop clients over the
 trace's requests, every step charged the batch line s(B, P, W) of controller/batch.py as
-`calibrate_batch` measured it on the target (recorded beside the batch-1 costs), and a
+`calibrate_batch` measured it on the target (recorded beside the batch-1 costs); and a
 controller that knows the future (`HindsightController`): the ceiling of what any controller
 that learns from evidence can reach at those costs.
 
@@ -33,10 +34,10 @@ from autospec.controller.batch import Prices, step_features, batch_ks
 from autospec.drafters.base import DraftContext, create_drafter
 from autospec.engine.accept import agreeing_prefix
 from autospec.engine.loop import Engine
-from autospec.controller.interface import (Controller, Decision, Lookups, Outcome, RowController,
+from autospec.engine.request import Job
+from autospec.controller.interface import (Controller, Decision, RowController,
                                            StaticController, Step)
 from autospec.models.sampling import SamplingParams
-from autospec.telemetry import StepRecord, summarise
 
 SCHEMA_VERSION = 1
 
@@ -274,110 +275,20 @@ class HindsightController(RowController):
         return [Decision(d, k) if k else Decision(None, 0) for (d, _), k in zip(picks, ks)]
 
 
-@dataclass
-class SimRequest:
-    """What a controller sees of a replayed request (the fields of engine.loop.Request it reads)."""
-    request_id: str
-    tokens: list[int]
-    prompt_len: int
-    workload: str | None
-    finish_reason: str | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def output(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
-
-
 def replay(trace: Trace, controller: Controller, requests: list[TraceRequest] | None = None):
-    """Run `controller` over the trace, one request at a time; returns one RequestRecord per
-    request (simulated seconds).
-
-    The controller's decide/observe are real, through the one interface every host uses (a
-    batch of one); each step is charged the recorded costs. The
-    loop itself is a simulator's (no model runs), so it is not `Engine.advance`."""
+    """Run `controller` over the trace, one request at a time: one RequestRecord per request
+    (simulated seconds)."""
     return replay_batch(trace, controller, 1, requests)[0]
-
-
-def _proposal(recorded: TraceRequest, drafter: str | None, k: int, at: int) -> int:
-    """Tokens `drafter` proposes at output position `at` when asked for k: k, or fewer where
-    the trace recorded a shorter proposal (a look-up drafter's short match, or none)."""
-    lengths = (recorded.proposed or {}).get(drafter) if drafter else None
-    return k if lengths is None else min(k, lengths[at])
-
-
-@dataclass
-class _Client:
-    recorded: TraceRequest
-    sim: SimRequest
-    steps: list[StepRecord] = field(default_factory=list)
-    at: int = 0  # output tokens emitted
-    seconds: float = 0.0  # simulated seconds since it was sent
 
 
 def replay_batch(trace: Trace, controller: Controller, rows: int,
                  requests: list[TraceRequest] | None = None) -> tuple[list, float]:
     """`rows` closed-loop clients over the trace's requests (each sends the next when its last
-    ends), every step decided for all its rows at once (`Controller.decide`) and charged the
-    trace's batch line at its rows, positions and width, plus each row's drafting at the
-    recorded seconds per token (a model drafter's rows as if each drafted alone: dearer than
-    the engine's one batched forward); a step of one row is charged the recorded forward at
-    its size. (one RequestRecord per request in order, simulated seconds of the whole run)."""
-    a, b, c, jump, width = _batch_line(trace) if rows > 1 else (0.0,) * 5
-    queue = list(requests or trace.requests)
-    active: list[_Client] = []
-    done: dict[str, object] = {}
-    elapsed = 0.0
-    lookups = Lookups()  # the look-up drafters a controller peeks at, run on the replayed rows
-    recorded = (requests or trace.requests)[:1]
-    controller.bind(tuple(recorded[0].match) if recorded else ())  # what the trace can replay
-    while queue or active:
-        while len(active) < rows and queue:
-            req = queue.pop(0)
-            active.append(_Client(req, SimRequest(req.id, list(req.prompt), len(req.prompt),
-                                                  req.category)))
-        plan = []  # (drafter, k, tokens proposed) per row
-        inputs = Step([c.sim for c in active], lookups.peek)
-        for client, (drafter, k) in zip(active, controller.decide(inputs)):
-            n = len(client.recorded.output)
-            k = max(0, min(k, trace.k_max, n - client.at - 1)) if drafter else 0
-            plan.append((drafter, k, _proposal(client.recorded, drafter, k, client.at))
-                        if k else (None, 0, 0))
-        size = len(active)
-        positions = size + sum(made for *_, made in plan)
-        widest = 1 + max(made for *_, made in plan)
-        if size == 1:
-            forward = trace.verify_seconds[positions - 1]
-        else:
-            forward = (a + b * size + c * positions + (jump if positions > size else 0.0)
-                       + width * size * (widest - 1))
-        drafting = [trace.draft_seconds_per_token.get(d, 0.0) * made if d else 0.0
-                    for d, _, made in plan]
-        step = forward + sum(drafting)
-        records = []
-        for client, (drafter, k, made), draft_s in zip(active, plan, drafting):
-            agree = min(client.recorded.match[drafter][client.at], made) if drafter else 0
-            emitted = client.recorded.output[client.at:client.at + agree + 1]
-            context = len(client.sim.tokens) - 1
-            client.sim.tokens.extend(emitted)
-            client.at += len(emitted)
-            client.seconds += step
-            if client.at >= len(client.recorded.output):
-                client.sim.finish_reason = "length"
-            record = StepRecord(client.recorded.id, len(client.steps), drafter or "none", k, made,
-                                agree, len(emitted), draft_s, forward, made + 1, context, 0, 0.0,
-                                batch_size=size, batch_tokens=positions, batch_width=widest)
-            client.steps.append(record)
-            records.append(record)
-        controller.observe(Outcome(records, [client.sim for client in active]))
-        elapsed += step
-        for client in [c for c in active if c.sim.done]:
-            active.remove(client)
-            lookups.release(client.sim)
-            done[client.recorded.id] = summarise(client.recorded.id, len(client.recorded.prompt),
-                                                 client.steps, client.seconds,
-                                                 client.recorded.category)
-    return [done[r.id] for r in requests or trace.requests], elapsed
+    ends): the live loop, `Engine.run`, over the recorded target (bench/recorded.py). (one
+    RequestRecord per request in order, simulated seconds of the whole run)"""
+    from autospec.bench.recorded import RecordedEngine
+    engine = RecordedEngine(trace, rows, requests)
+    jobs = [Job(r.prompt, len(r.output), request_id=r.id, workload=r.category)
+            for r in engine.requests]
+    generations = engine.run(jobs, controller)
+    return [g.telemetry for g in generations], engine.now

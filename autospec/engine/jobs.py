@@ -2,11 +2,12 @@
 decision, one `step_batch`, every controller told), and Engine.run, the loop over many
 requests (closed: N clients; open: requests sent at given times), an `advance` a step.
 Written as functions over the engine (bound as its methods) so that loop.py holds the step
-and its parts."""
+and its parts, and so that replay runs this very loop over a recorded target
+(bench/recorded.py: RecordedEngine, whose clock is simulated: hence `self.clock()` and
+`self.idle()`, never the time module)."""
 from __future__ import annotations
 
 import functools
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
@@ -35,7 +36,7 @@ def run_jobs(self: "Engine", jobs: Iterable[Job], controller: Controller | None 
     controller = controller or StaticController(None, 0)
     pending = deque(enumerate(jobs))
     results: list[Generation | None] = [None] * len(pending)
-    t0 = time.perf_counter()
+    t0 = self.clock()
     submitted = deque([t0] * max_batch)  # closed loop: when each client sent its next job
     sends = None if arrivals is None else [t0 + t for t in arrivals]  # open loop
     active: dict[int, Request] = {}
@@ -44,7 +45,7 @@ def run_jobs(self: "Engine", jobs: Iterable[Job], controller: Controller | None 
             while pending and len(active) < max_batch:
                 i, job = pending[0]
                 sent = submitted[0] if sends is None else sends[i]
-                if sent > time.perf_counter():
+                if sent > self.clock():
                     break  # not sent yet
                 pending.popleft()
                 if sends is None:
@@ -62,7 +63,7 @@ def run_jobs(self: "Engine", jobs: Iterable[Job], controller: Controller | None 
                 request.started = sent
                 active[i] = request
             if not active:  # open loop, idle: until the next job is sent
-                time.sleep(max(0.0, sends[pending[0][0]] - time.perf_counter()))
+                self.idle(sends[pending[0][0]] - self.clock())
                 continue
             rows = list(active.items())
             emitted = self.advance([(request, controller) for _, request in rows])
@@ -71,7 +72,7 @@ def run_jobs(self: "Engine", jobs: Iterable[Job], controller: Controller | None 
                     on_tokens(request, tokens)
                 if request.done:
                     results[i] = self.finish(active.pop(i))
-                    submitted.append(time.perf_counter())
+                    submitted.append(self.clock())
     finally:  # a run that fails (a job that cannot start, closed loop): free the rows
         for request in active.values():
             self.abandon(request)
@@ -111,7 +112,7 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
     """`advance`'s step over rows that all decode, and a chunk of `joining`'s prompt riding
     along — or, where the rest of it fits the chunk, `joining` decoding plain after it (its
     tokens then last in the list returned)."""
-    t0 = time.perf_counter()
+    t0 = self.clock()
     groups: dict[int, tuple[Controller, list[int]]] = {}  # each controller's rows, in order
     for i, (_, controller) in enumerate(rows):
         groups.setdefault(id(controller), (controller, []))[1].append(i)
@@ -119,7 +120,7 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
     peek = functools.partial(self.peek, looked)
     choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
     chunk, budget = None, 0
-    runnable = self.models.runnable_drafters()
+    runnable = self.runnable_drafters()
     for controller, _ in groups.values():
         controller.bind(runnable)  # the pair it drives (the same names again: a no-op)
     if joining is not None:  # what the controllers let ride beside their rows
@@ -133,12 +134,12 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
         decided = controller.decide(Step([rows[i][0] for i in indices], peek, budget))
         for i, choice in zip(indices, decided):
             choices[i] = choice
-    t1 = time.perf_counter()
+    t1 = self.clock()
     decisions = [(request, *choice) for (request, _), choice in zip(rows, choices)]
     if joining is not None and chunk is None:
         decisions.append((joining, None, 0))
     emitted = self.step_batch(decisions, looked, chunk) if decisions else []
-    t2 = time.perf_counter()
+    t2 = self.clock()
     records = [request.steps[-1] for request, _, _ in decisions]
     if not records:
         return emitted
@@ -153,7 +154,7 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
         controller.observe(Outcome([records[i] for i in indices], [rows[i][0] for i in indices]))
     # less the drafters' look-ups the controllers made (charged as draft seconds)
     lookups = sum(p.seconds for proposals in looked.values() for p in proposals.values())
-    share = ((t1 - t0) + (time.perf_counter() - t2) - lookups) / len(records)
+    share = ((t1 - t0) + (self.clock() - t2) - lookups) / len(records)
     for record in records:
         record.controller_seconds = share
     return emitted

@@ -195,7 +195,7 @@ class Engine:
                              "completes its prompt")
         if slots != sorted(slots):
             # rows in slot order: where they hold consecutive slots the forward reads a view of
-            # the cache, not a gather of every layer's K and V (RowCache's Bound.first)
+            # the cache, not a gather of every layer's K and V (ForwardBatch.first, models/plan.py)
             order = sorted(range(len(slots)), key=slots.__getitem__)
             emitted = self.step_batch([decisions[i] for i in order], looked, chunk)
             return [emitted[j] for j in sorted(range(len(order)), key=order.__getitem__)]
@@ -338,6 +338,15 @@ class Engine:
                                   self.models.max_positions, last, scored)
 
     # -- the driving loop: engine/jobs.py ----------------------------------------------------
+    def clock(self) -> float:  # a recorded target's is simulated (bench/recorded.py)
+        return time.perf_counter()
+
+    def idle(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
+    def runnable_drafters(self) -> tuple[str, ...]:
+        return self.models.runnable_drafters()
+
     advance = advance_rows  # one step over the rows in flight (a chunk of a joining prompt in it)
     _decode = decode_rows
 

@@ -5,13 +5,14 @@ import itertools
 import numpy as np
 import pytest
 
-from autospec.bench.trace import SimRequest
+from rows import row
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.batch import BatchCost, Prices, batch_ks
 from autospec.engine.loop import Engine
 from autospec.engine.request import Job
 from autospec.telemetry import StepRecord
 from autospec.controller.interface import Lookups, Outcome, Step, decide_one, observe_one
+from conftest import NEAR_TIE, divergences
 
 
 def line_prices(rows: int, a: float, b: float, c: float, k_max: int = 16) -> Prices:
@@ -61,7 +62,7 @@ def test_at_one_row_batch_ks_is_the_best_k_against_measured_sizes(seed):
 
 
 def test_the_same_acceptance_pays_at_batch_1_and_not_in_a_full_batch():
-    """The issue's case: acceptance flat, the forward memory-bound at one row (a position costs
+    """Acceptance flat, the forward memory-bound at one row (a position costs
     2 % of a step) and compute-bound at 16 (a position costs as much as a row's plain share)."""
     alpha = np.full((16, 8), 0.6)
     one = ks_of(alpha[:1], np.zeros(1), 0.98, 0.0, 0.02)
@@ -116,7 +117,7 @@ def test_a_priced_padding_caps_the_widest_row():
 def test_the_controller_stops_speculating_when_the_batch_cost_says_so():
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",)))
     period = list(range(100, 140))
-    rows = [SimRequest(f"r{i}", period * 3, 120, "copy") for i in range(16)]
+    rows = [row(f"r{i}", period * 3, 120, "copy") for i in range(16)]
     # batch 1 measured: a flat forward, n-gram right every time
     for step in range(30):
         for request in rows[:1]:
@@ -147,7 +148,8 @@ def test_a_batch_under_the_adaptive_controller_is_lossless(reference_pair):
     controller = AdaptiveController(ControllerSettings())
     for _ in range(2):  # the second run decides with a measured batch cost
         out = engine.run([Job(p, 24) for p in prompts], controller, max_batch=4)
-        assert [g.token_ids for g in out] == plain
+        for _, _, margin in divergences(reference_pair, prompts, [g.token_ids for g in out], plain):
+            assert margin < NEAR_TIE  # trained weights: the near-tie rule
     assert controller.batch_cost.observed > 0
 
 
@@ -156,7 +158,7 @@ def test_a_batch_step_s_overhead_is_learnt_once_per_step_per_row():
     every row); the controller learns it once per step, per row, as the steps' running median,
     so one pause (a garbage collection) does not price the next steps."""
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",)))
-    rows = [SimRequest(f"r{i}", [1, 2, 3, 4], 4, "w") for i in range(4)]
+    rows = [row(f"r{i}", [1, 2, 3, 4], 4, "w") for i in range(4)]
 
     def step(overhead: float) -> None:
         controller.observe(Outcome([StepRecord(r.request_id, 0, "none", 0, 0, 0, 1, 0.0, 0.01, 1,
@@ -178,7 +180,7 @@ def test_a_row_that_went_plain_for_want_of_a_match_drafts_at_the_next_match():
     have one (the hysteresis holds drafters, not plain decoding, against a new match)."""
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",)))
     controller.costs.observe_verify(1, 0.01)  # a plain step measured: decisions may begin
-    no_match = SimRequest("r", [1, 2, 3, 4], 4, "w")
+    no_match = row("r", [1, 2, 3, 4], 4, "w")
     assert decide_one(controller, no_match) == (None, 0)
     no_match.tokens += [1, 2, 3]  # "1 2 3" recurs: n-gram has a proposal now
     drafter, k = decide_one(controller, no_match)
@@ -217,8 +219,8 @@ def _measure_batch(controller: AdaptiveController) -> None:
         controller.batch_cost.observe(16, 16 * width, 0.00925 + 0.0005 * 16 + 0.00025 * 16 * width)
 
 
-def _rows(n: int) -> list[SimRequest]:
-    return [SimRequest(f"r{i}", [7, 8, 9, 7, 8, 9, 7, 8], 8, "w") for i in range(n)]  # 7 8 recurs
+def _rows(n: int) -> list:
+    return [row(f"r{i}", [7, 8, 9, 7, 8, 9, 7, 8], 8, "w") for i in range(n)]  # 7 8 recurs
 
 
 def test_a_drafter_that_stalls_the_batch_is_priced_for_the_batch():
@@ -301,7 +303,7 @@ def test_a_step_cap_bounds_the_controller_s_k_at_batch_1():
     period = list(range(100, 140))
     for cap, k_bound in ((0.0, 16), (1.25, 5)):
         controller = AdaptiveController(ControllerSettings(drafters=("ngram",), step_cap=cap))
-        request = SimRequest("r", period * 3, 120, "copy")
+        request = row("r", period * 3, 120, "copy")
         ks = []
         for step in range(40):
             drafter, k = decide_one(controller, request)
@@ -317,7 +319,7 @@ def test_under_a_step_cap_a_prompt_chunk_takes_the_room_above_a_plain_step():
     the decision leaves it that room (the rows decode plain here); no cap, no bound."""
     period = list(range(100, 140))
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",), step_cap=1.25))
-    request = SimRequest("r", period * 3, 120, "copy")
+    request = row("r", period * 3, 120, "copy")
     for step in range(40):
         drafter, k = decide_one(controller, request)
         observe_one(controller, StepRecord("r", step, drafter or "none", k, k, k, k + 1, 0.0,

@@ -1,15 +1,16 @@
-"""The controller does not lock a workload into plain decoding (issue 14).
+"""The controller does not lock a workload into plain decoding.
 
 A copy-heavy request (every n-gram proposal right) whose first drafted forwards are slow — a
 cold start, an allocation, a noisy neighbour — must still reach n-gram with K > 1 within a
 bounded number of steps. Before the fix, those forwards fixed the verify line's slope and
 K = 0 ran forever: plain steps never measure a slope, so nothing corrected it.
 """
+from rows import row
+
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.estimates import CostModel
-from autospec.bench.trace import SimRequest
-from autospec.telemetry import StepRecord
 from autospec.controller.interface import Lookups, Outcome, Step, decide_one, observe_one
+from autospec.telemetry import StepRecord
 
 PERIOD = list(range(100, 140))  # a 40-token cycle: the prompt holds it twice, the output repeats it
 
@@ -21,7 +22,7 @@ def true_verify_seconds(k: int) -> float:
 def run(controller, steps: int = 600, slow_forwards: int = 3, slowdown: float = 20.0):
     """Drive `controller` over one long copy-heavy request; the first `slow_forwards` drafted
     forwards cost `slowdown` times their true price. Returns the (drafter, k) of each step."""
-    request = SimRequest("r", PERIOD * 2, 2 * len(PERIOD), "copy-heavy")
+    request = row("r", PERIOD * 2, 2 * len(PERIOD), "copy-heavy")
     slow_left, chosen = slow_forwards, []
     for step in range(steps):
         drafter, k = decide_one(controller, request)

@@ -1,0 +1,164 @@
+"""A recorded target: what the engine's driving loop (engine/jobs.py: `Engine.run`, `advance`)
+steps when it replays a trace instead of running a model. Replay is that loop: the same
+controller calls (bind, chunk budget, decide with a peek, observe, release), the same closed
+and open loops, the same StepRecords; only the step's verify and accept come from the trace.
+
+`RecordedEngine` offers what jobs.py calls on an engine (start, unfilled, fill, peek,
+step_batch, finish, abandon, runnable_drafters, clock, idle) over a Trace (bench/trace.py):
+- a row's draft agrees with the target for `match[drafter][t]` tokens of the `proposed`
+  length the trace recorded at its output position t, so a step that drafts K accepts
+  min(match, proposed, K) and appends the recorded output: under greedy decoding exactly
+  what the live step appends;
+- time is simulated: each step advances the clock by its forward, priced as a decision reads
+  it (`Prices.step` at the step's rows: the recorded forwards at one row, the recorded batch
+  line past one), and by its drafting at the recorded seconds per drafted token; a look-up
+  a controller makes before the step (`peek`: the real look-up drafter on the row's tokens)
+  is charged when made, as the live loop's clock sees it;
+- not simulated: prefill (a prompt joins at no cost: the trace has no prefill cost) and the
+  controller's own seconds (0: a replay is deterministic).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from autospec.drafters.base import Draft, DraftContext, create_drafter, drafter_class
+from autospec.engine.jobs import advance_rows, decode_rows, run_jobs
+from autospec.engine.request import Generation, Proposal, Request
+from autospec.models.sampling import SamplingParams
+from autospec.telemetry import StepRecord, summarise
+
+
+class RecordedEngine:
+    """Up to `max_batch` rows over `requests` (default: the trace's), each started by its id,
+    at `trace`'s costs."""
+
+    packed = True  # its forward is priced over the rows' real tokens
+    prefill_chunk = None  # prompts join whole, at no cost
+
+    def __init__(self, trace, max_batch: int = 1, requests=None,
+                 drafter_options: dict[str, dict] | None = None):
+        from autospec.bench.trace import trace_prices
+        self.trace, self.max_batch = trace, max_batch
+        self.prices = {rows: trace_prices(trace, rows) for rows in range(1, max_batch + 1)}
+        self.drafter_options = drafter_options or {}
+        self.requests = list(requests or trace.requests)
+        self.recorded = {r.id: r for r in self.requests}
+        self.free = list(range(max_batch))
+        self.max_positions = max((len(r.prompt) + len(r.output) for r in self.requests),
+                                 default=0) + 1
+        self.now = 0.0  # simulated seconds since the engine was made
+
+    # -- what jobs.py reads besides the step -----------------------------------------------
+    def clock(self) -> float:
+        return self.now
+
+    def idle(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+    def runnable_drafters(self) -> tuple[str, ...]:
+        """The drafters the requests recorded: all a controller may choose here."""
+        return tuple(self.requests[0].match) if self.requests else ()
+
+    def start(self, prompt: list[int], max_new_tokens: int = 64,
+              sampling: SamplingParams = SamplingParams(), seed: int = 0,
+              request_id: str | None = None, workload: str | None = None) -> Request:
+        recorded = self.recorded.get(request_id)
+        if recorded is None or list(prompt) != recorded.prompt:
+            raise ValueError(f"request {request_id!r} is not in the trace with that prompt")
+        if not self.free:
+            raise ValueError(f"no free row: all {self.max_batch} are decoding")
+        request = Request(request_id, list(prompt), len(prompt),
+                          min(max_new_tokens, len(recorded.output)), sampling,
+                          torch.Generator(), workload=workload, seed=seed, started=self.now)
+        request.slot = self.free.pop(0)
+        self.free.sort()
+        return request
+
+    def unfilled(self, request: Request) -> int:
+        return 0
+
+    def fill(self, request: Request, budget: int | None = None) -> None:
+        pass
+
+    def peek(self, looked: dict[int, dict[str, Proposal]], request: Request, name: str,
+             k: int) -> Draft | None:
+        """The look-up drafter's real proposal on the row's tokens, charged its recorded
+        seconds per drafted token now (Engine.peek's contract)."""
+        if not drafter_class(name).peekable:
+            return None
+        if name not in request.drafters:
+            request.drafters[name] = create_drafter(name, None, **self.drafter_options.get(name, {}))
+        draft = request.drafters[name].propose(self._context(request), k)
+        seconds = self.trace.draft_seconds_per_token.get(name, 0.0) * len(draft.tokens)
+        self.now += seconds
+        looked.setdefault(request.slot, {})[name] = Proposal(len(request.tokens), k, draft,
+                                                             seconds, by_engine=False)
+        return draft
+
+    # -- the step --------------------------------------------------------------------------
+    def step_batch(self, decisions: Sequence[tuple[Request, str | None, int]],
+                   looked: dict[int, dict[str, Proposal]] | None = None,
+                   chunk=None) -> list[list[int]]:
+        looked = looked or {}
+        plan = []  # per row: (drafter, k, tokens drafted, agreeing, draft seconds)
+        for request, name, k in decisions:
+            recorded = self.recorded[request.request_id]
+            at = len(request.output)
+            k = min(request.clamp(k, self.max_positions), self.trace.k_max) if name else 0
+            made = _proposal(recorded, name, k, at) if k else 0
+            ready = looked.get(request.slot, {})
+            seconds = sum(p.seconds for p in ready.values())  # the look-ups, charged already
+            peeked = ready.get(name) if k else None
+            if k and not (peeked is not None and peeked.at == len(request.tokens) and peeked.k >= k):
+                drafted = self.trace.draft_seconds_per_token.get(name, 0.0) * made
+                self.now += drafted
+                seconds += drafted
+            agree = min(recorded.match[name][at], made) if k else 0
+            plan.append((name if k else None, k, made, agree, seconds))
+        drafted = [made for _, _, made, _, _ in plan]
+        forward = self.prices[len(decisions)].step(sum(drafted), max(drafted))
+        self.now += forward
+        emitted = []
+        for (request, _, _), (name, k, made, agree, seconds) in zip(decisions, plan):
+            recorded = self.recorded[request.request_id]
+            at, context = len(request.output), len(request.tokens) - 1
+            tokens = request.append(recorded.output[at:at + agree + 1], (), self.max_positions)
+            request.steps.append(StepRecord(
+                request.request_id, len(request.steps), name or "none", k, made, agree,
+                len(tokens), seconds, forward, made + 1, context, 0, 0.0,
+                batch_size=len(decisions), batch_tokens=len(decisions) + sum(drafted),
+                batch_width=1 + max(drafted), overhead_seconds=0.0))
+            emitted.append(tokens)
+        return emitted
+
+    def finish(self, request: Request) -> Generation:
+        self.abandon(request)
+        for drafter in request.drafters.values():
+            drafter.finish(self._context(request))
+        record = summarise(request.request_id, request.prompt_len, request.steps,
+                           self.now - request.started, request.workload,
+                           request.finish_reason or "length", request.method)
+        return Generation("", list(request.output), record)
+
+    def abandon(self, request: Request) -> None:
+        if request.slot is not None:
+            self.free.append(request.slot)
+            self.free.sort()
+            request.slot = None
+
+    def _context(self, request: Request) -> DraftContext:
+        return DraftContext(request.tokens, request.sampling, request.generator, request.prompt_len)
+
+    # the live loop itself, as Engine binds it
+    advance = advance_rows
+    _decode = decode_rows
+    run = run_jobs
+
+
+def _proposal(recorded, drafter: str, k: int, at: int) -> int:
+    """Tokens `drafter` proposes at output position `at` when asked for k: k, or fewer where
+    the trace recorded a shorter proposal (a look-up drafter's short match, or none)."""
+    lengths = (recorded.proposed or {}).get(drafter)
+    return k if lengths is None else min(k, lengths[at])
