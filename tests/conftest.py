@@ -149,6 +149,44 @@ def assert_lossless(pair, prompt, plain_ids, spec_ids):
         assert margin < NEAR_TIE, f"diverged from plain at a top-2 margin of {margin:.2e}"
 
 
+def assert_refused_only_at_near_ties(pair, prompt, generation):
+    """For drafts of the target's own argmax (a draft equal to the target, synthetic at alpha
+    1): every one is accepted, but where the draft's forward and the verify's round a near-tie
+    apart. A refused draft sat at output token (the step's first) + accepted."""
+    ids = pair.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    margins, start = None, 0
+    for step in generation.telemetry.step_records:
+        if step.accepted < step.proposed:
+            margins = margins or top2_margins(pair, ids, generation.token_ids)
+            at = start + step.accepted
+            print(f"a draft of the target's argmax refused at token {at}, top-2 margin "
+                  f"{margins[at]:.2e}")
+            assert margins[at] < NEAR_TIE, f"refused at a top-2 margin of {margins[at]:.2e}"
+        start += step.emitted
+
+
+def assert_lossless_text(pair, prompt, plain_text, text, max_new_tokens):
+    """For an output seen only as text (through a server, a CLI): `text` equals plain
+    decoding's `plain_text`, or parts from it at one of plain's near-ties. Text does not say at
+    which token the two parted, so any of plain's tokens up to the first differing character
+    may be the near-tie (plain's tokens from a decode here, margins as in divergences)."""
+    if text == plain_text:
+        return
+    ids = pair.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    plain = Engine(pair).generate(ids, controller=StaticController(None, 0),
+                                  max_new_tokens=max_new_tokens).token_ids
+    cut = next((i for i, (a, b) in enumerate(zip(text, plain_text)) if a != b),
+               min(len(text), len(plain_text)))
+    decode = lambda t: pair.tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
+    last = next((t for t in range(len(plain)) if len(decode(plain[:t + 1])) > cut), len(plain) - 1)
+    margin = min(top2_margins(pair, ids, plain)[:last + 1], default=float("inf"))
+    print(f"text parts from plain's at character {cut} (plain's token {last}); plain's least "
+          f"top-2 margin up to there {margin:.2e}")
+    assert margin < NEAR_TIE, (f"parted from plain's text at character {cut}, no near-tie "
+                               f"before it (least top-2 margin {margin:.2e}): {text!r} vs "
+                               f"{plain_text!r}")
+
+
 def plain_and_speculative(engine, prompt, drafter, k, n=24):
     """Plain greedy output and `drafter`'s at K = k, for the same prompt: they must be equal."""
     plain = engine.generate(prompt, controller=StaticController(None, 0), max_new_tokens=n)

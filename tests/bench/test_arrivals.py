@@ -7,6 +7,7 @@ from clirun import error_line, invoke
 from autospec.bench.arrivals import parse_schedule
 from autospec.engine.loop import Engine
 from autospec.engine.request import Job
+from conftest import NEAR_TIE, divergences
 
 STATS = {"throughput_tokens_per_s", "completed", "refused", "ttft_p50_ms", "ttft_p99_ms",
          "itl_p50_ms", "itl_p99_ms", "queue_p50_ms", "queue_p99_ms", "identical_to_plain"}
@@ -53,7 +54,9 @@ def test_an_open_loop_queues_requests_and_refuses_one_that_cannot_fit(tiny_pair)
     assert refused[0][0] == 2 and "a row holds 64 positions" in refused[0][1]
     plain = [engine.generate(j.prompt, drafter=None, max_new_tokens=8).token_ids
              for j in (jobs[0], jobs[1], jobs[3])]
-    assert [out[i].token_ids for i in (0, 1, 3)] == plain
+    for _, _, margin in divergences(tiny_pair, [jobs[i].prompt for i in (0, 1, 3)],
+                                    [out[i].token_ids for i in (0, 1, 3)], plain):
+        assert margin < NEAR_TIE  # trained weights: the near-tie rule
     assert engine.cache.free == [0]  # every row given back
 
 

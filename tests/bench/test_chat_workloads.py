@@ -1,25 +1,31 @@
 """Chat workloads (configs/workloads/chat.jsonl) and the chat prompt makers: well-formed rows,
 held-out sources only for the workload, training sources only for the draft's prompts,
-deterministic builds."""
+deterministic builds, and a shipped file that is the makers' output.
+
+Which functions and passages the builder picks depends on the standard library it reads, so
+chat.jsonl is rebuilt byte for byte only on the Python it was built from; what the makers
+write for a function or passage does not, so that is what is checked on any Python."""
 from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import subprocess
 import sys
 from collections import Counter
 
 import pytest
 
 from autospec.bench import workloads
-from autospec.bench.chat_workloads import (CATEGORIES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS,
-                                           PER_CATEGORY, build_chat, chat_prompts, complete, edit,
-                                           units_of)
+from autospec.bench.chat_workloads import (CATEGORIES, MAKERS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS,
+                                           PER_CATEGORY, Passage, _english, build_chat,
+                                           chat_prompts, complete, edit, prose, units_of)
 from autospec.models.corpus import SourceFile, default_corpus_dir, is_heldout, iter_sources, split
 from conftest import REPO_ROOT
 
 CHAT = REPO_ROOT / "configs" / "workloads" / "chat.jsonl"
-BUILT_ON = (3, 11, 7)  # the Python whose standard library chat.jsonl was built from
+PASSAGE = "Here is a passage from the source of a Python module:\n\n"  # prose's preamble
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +81,40 @@ def test_chat_workload_quotes_held_out_files_only(corpus):
             assert line in texts[r["source"]], (r["id"], line)
 
 
-@pytest.mark.skipif(sys.version_info[:3] != BUILT_ON,
-                    reason="chat.jsonl was built from Python 3.11.7's standard library")
-def test_shipped_chat_jsonl_is_what_the_builder_writes(tmp_path):
-    assert build_chat(tmp_path).read_bytes() == CHAT.read_bytes()
+def _function(code: str, category: str):
+    """The function a row quotes, parsed back. A complete row quotes only the signature and
+    docstring: a 3-line body goes back under them, at the one indent that parses."""
+    if category == "complete":
+        for indent in ("    ", "  ", "        ", "\t"):
+            body = "".join(f"\n{indent}{line}" for line in ("a = 1", "b = a", "return b"))
+            try:
+                ast.parse(code + body)
+            except SyntaxError:
+                continue
+            code += body
+            break
+    fns, _ = units_of(SourceFile("shipped.py", code))
+    assert fns and fns[0].lineno == 1, code  # the quoted function, outermost
+    return fns[0]
+
+
+def test_shipped_chat_jsonl_is_what_the_makers_write():
+    """Every row is its category's maker's message for what the row quotes, at the row's index
+    (its phrasing, the edit asked for, the cut of a completion), and the file is build_chat's
+    serialisation of its rows: a hand edit or a maker changed since the build fails here."""
+    lines = CHAT.read_text().splitlines(keepends=True)
+    rows = [json.loads(line) for line in lines]
+    assert lines == [json.dumps(r) + "\n" for r in rows]
+    for row in rows:
+        i, content = int(row["id"].rsplit("-", 1)[1]), _content(row)
+        if row["category"] == "prose":
+            block = content[content.index(PASSAGE) + len(PASSAGE):]
+            text = block if i % 2 == 0 else block.rsplit("\n\n", 1)[0]  # question first / last
+            assert 400 <= len(text) <= 1500 and _english(text), row["id"]  # units_of would take it
+            assert prose(Passage("shipped.py", 1, text), i) == content, row["id"]
+            continue
+        [code] = re.findall(r"```python\n(.*?)\n```", content, re.S)
+        assert MAKERS[row["category"]](_function(code, row["category"]), i) == content, row["id"]
 
 
 def test_training_prompts_never_quote_a_held_out_file(corpus):
@@ -97,6 +133,12 @@ def test_builders_are_deterministic(corpus, tmp_path):
     assert chat_prompts(train, 2, seed=3) != chat_prompts(train, 2, seed=4)
     first, second = build_chat(tmp_path / "a"), build_chat(tmp_path / "b")
     assert first.read_bytes() == second.read_bytes()
+    # and in another process, under another hash seed
+    code = "import sys; from pathlib import Path; from autospec.bench.chat_workloads import " \
+           "build_chat; build_chat(Path(sys.argv[1]))"
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "c")], check=True,
+                   env={**os.environ, "PYTHONHASHSEED": "12345"})
+    assert (tmp_path / "c" / "chat.jsonl").read_bytes() == first.read_bytes()
     assert workloads.build_chat is build_chat and workloads.chat_prompts is chat_prompts
 
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 from clirun import error_line, invoke
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, assert_lossless_text
 
 
 def run(*args):
@@ -22,7 +22,7 @@ def test_generate_streams_and_reports(pair_args):
     assert "mean accepted length" in result.output
 
 
-def test_generate_runs_the_adaptive_controller_unless_a_drafter_is_named(pair_args):
+def test_generate_runs_the_adaptive_controller_unless_a_drafter_is_named(pair_args, tiny_pair):
     """The product on by default: no --drafter, the controller picks (and says what it
     picked); --drafter none is plain."""
     auto = run("generate", "--prompt", "x = 1\nx = 1\nx = 1\n", "--max-new-tokens", "16", *pair_args)
@@ -30,7 +30,8 @@ def test_generate_runs_the_adaptive_controller_unless_a_drafter_is_named(pair_ar
                 "--drafter", "none", *pair_args)
     assert auto.exit_code == 0 and plain.exit_code == 0, auto.output + plain.output
     assert "[auto: " in auto.output and "[plain]" in plain.output
-    assert auto.stdout == plain.stdout  # the same text (the telemetry line is on stderr)
+    # the same text (the telemetry line is on stderr), by the near-tie rule: trained weights
+    assert_lossless_text(tiny_pair, "x = 1\nx = 1\nx = 1\n", plain.stdout, auto.stdout, 16)
 
 
 def test_generate_json_telemetry(pair_args):

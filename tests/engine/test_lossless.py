@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autospec.engine.loop import Engine
-from conftest import KS, REPO_ROOT, assert_lossless, counting_llama, plain_and_speculative
+from conftest import (KS, REPO_ROOT, assert_lossless, assert_refused_only_at_near_ties,
+                      counting_llama, plain_and_speculative)
 
 DRAFTERS = ["ngram", "draft-model", "early-exit", "synthetic"]
 WORKLOAD = REPO_ROOT / "configs" / "workloads" / "reference.jsonl"
@@ -38,18 +39,20 @@ def test_greedy_identical_on_workload_prompts(tiny_engine, drafter, k):
 
 # Guards against a vacuous lossless pass: drafts must really be accepted. Each pins acceptance
 # with a model whose behaviour is known by construction, never with what a seconds-long training
-# run happens to produce (issue 11: the tiny target emitted "eeee..." on another machine and its
-# draft never agreed with it).
+# run happens to produce (on another machine the tiny target once emitted "eeee..." on another machine and its
+# draft never agreed with it). A draft of the trained target's own argmax is still drafted in
+# other forwards than the verify's: the near-tie rule for its output and its refusals.
 
 def test_a_draft_equal_to_the_target_is_always_accepted(tiny_pair):
     """The draft model *is* the target: every proposed token is the target's own argmax."""
     from autospec.models.pair import ModelPair
     engine = Engine(ModelPair(tiny_pair.target, tiny_pair.tokenizer, draft=tiny_pair.target))
     for k in (1, 4):
-        plain, spec = plain_and_speculative(engine, "def f(x):\n    return x\n", "draft-model", k, n=32)
-        assert spec.token_ids == plain.token_ids
+        prompt = "def f(x):\n    return x\n"
+        plain, spec = plain_and_speculative(engine, prompt, "draft-model", k, n=32)
+        assert_lossless(engine.models, prompt, plain.token_ids, spec.token_ids)
         assert spec.telemetry.proposed > 0
-        assert spec.telemetry.accepted == spec.telemetry.proposed, spec.telemetry
+        assert_refused_only_at_near_ties(engine.models, prompt, spec)
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
@@ -58,11 +61,11 @@ def test_synthetic_drafter_is_accepted_at_its_alpha(tiny_pair, alpha):
     position 1 is accepted on about alpha of the steps (all of them at alpha = 1)."""
     engine = Engine(tiny_pair, drafter_options={"synthetic": {"alpha": alpha}})
     plain, spec = plain_and_speculative(engine, "import os\n", "synthetic", 4, n=160)
-    assert spec.token_ids == plain.token_ids
+    assert_lossless(tiny_pair, "import os\n", plain.token_ids, spec.token_ids)
     steps = [s for s in spec.telemetry.step_records if s.proposed]
     first = sum(s.accepted >= 1 for s in steps) / len(steps)
     if alpha == 1.0:
-        assert all(s.accepted == s.proposed for s in steps)
+        assert_refused_only_at_near_ties(tiny_pair, "import os\n", spec)
     else:  # ~60 steps: 0.5 +- 3 sigma
         assert 0.3 <= first <= 0.7, first
 

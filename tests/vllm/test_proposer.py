@@ -16,6 +16,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM's CPU build (pip install -e '.[v
 from autospec.paths import REFERENCE_DIR  # noqa: E402
 from autospec.vllm.proposer import Proposer, ProposerConfigError  # noqa: E402
 
+from conftest import NEAR_TIE, divergences  # noqa: E402
 from processes import request, start_daemon, wait_for  # noqa: E402
 
 K = 8
@@ -38,7 +39,14 @@ def engine(speculative_config=None):
 
 def greedy(llm, prompts, max_tokens=48):
     params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    return [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+    return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def assert_near_ties_only(pair, prompts, got, plain):
+    """vLLM's speculative outputs are its plain ones, or part from them first at one of plain's
+    near-ties (trained weights; margins from autospec's forward of the same target)."""
+    for _, _, margin in divergences(pair, prompts, got, plain):
+        assert margin < NEAR_TIE, f"diverged from plain at a top-2 margin of {margin:.2e}"
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +85,7 @@ def requests_stored(url: str) -> int:
                                                    text, re.M))
 
 
-def test_greedy_output_is_vllms_plain_output_and_the_controller_drafts(setup):
+def test_greedy_output_is_vllms_plain_output_and_the_controller_drafts(setup, reference_pair):
     proposer = setup["proposer"]
     assert isinstance(proposer, Proposer)
     lengths = []
@@ -90,7 +98,8 @@ def test_greedy_output_is_vllms_plain_output_and_the_controller_drafts(setup):
 
     proposer.propose = watched
     try:
-        assert greedy(setup["llm"], PROMPTS * 2) == setup["plain"]
+        assert_near_ties_only(reference_pair, PROMPTS * 2, greedy(setup["llm"], PROMPTS * 2),
+                              setup["plain"])
     finally:
         del proposer.propose
     assert max(lengths) <= K  # never a draft longer than num_speculative_tokens
@@ -118,11 +127,12 @@ def test_every_request_reaches_the_daemon_and_a_new_proposer_starts_warm(setup):
         fresh.link.close()
 
 
-def test_a_killed_daemon_costs_telemetry_only_and_is_caught_up_on_restart(setup):
+def test_a_killed_daemon_costs_telemetry_only_and_is_caught_up_on_restart(setup, reference_pair):
     proposer, daemon, tmp = setup["proposer"], setup["daemon"], setup["tmp"]
     stored = requests_stored(daemon.url)
     daemon.kill()
-    assert greedy(setup["llm"], PROMPTS) == setup["plain"][:len(PROMPTS)]  # served all the same
+    assert_near_ties_only(reference_pair, PROMPTS, greedy(setup["llm"], PROMPTS),
+                          setup["plain"][:len(PROMPTS)])  # served all the same
     link = proposer.link
     assert wait_for(lambda: link.client.unacknowledged > 0 and link.stats.failed_sends > 0, 10)
     setup["daemon"] = restarted = start_daemon(tmp)  # the same socket and store
