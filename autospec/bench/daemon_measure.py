@@ -1,4 +1,4 @@
-"""Measure the daemon as the issue asks (the figures in docs/benchmarks.md come from here):
+"""Measure the daemon (the figures in docs/benchmarks.md come from here):
 
     python -m autospec.bench.daemon_measure ingest   # step records/s sustained, params latency p50/p99
     python -m autospec.bench.daemon_measure faults   # kill -9 mid-ingest: sent/acknowledged/stored/lost

@@ -121,7 +121,7 @@ def build(out_dir: Path, corpus_dir: Path | None = None) -> list[Path]:
     return paths
 
 
-# The held-out workload (issue 14): the same makers over code no model or setting here was
+# The held-out workload: the same makers over code no model or setting here was
 # trained or tuned on — the installed sources of five third-party packages, not the standard
 # library. Tune and choose defaults on reference and mixed only; report this one apart.
 HELDOUT_PACKAGES = ("numpy", "yaml", "tqdm", "matplotlib", "aiohttp")

@@ -9,7 +9,7 @@ from autospec.telemetry import StepRecord
 TIERS = (1, 2, 4, 8)
 # batch size -> K for ctl:batch-table: K of the smallest size >= the batch, 0 above the last.
 # A starting point, not a tuned table: on this CPU a forward of 16 rows x 5 tokens costs 5.6x
-# one row x 1 token (issue 15), so deep drafts stop paying well before 16 rows.
+# one row x 1 token, so deep drafts stop paying well before 16 rows.
 DEFAULT_BATCH_TABLE = ((1, 4), (4, 2), (8, 1))
 
 

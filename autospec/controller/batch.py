@@ -1,4 +1,4 @@
-"""K for every row of a step at once, from what the step's forward costs (issue 15, 24).
+"""K for every row of a step at once, from what the step's forward costs.
 
 At batch 1 a verify forward is memory-bound: K more tokens cost little, and speculation pays
 from a low acceptance. In a full batch the forward is compute-bound: drafted tokens cost,

@@ -1,6 +1,6 @@
 """The decision, as pure functions: which (drafter, k) maximises expected tokens per second.
 
-On the per-step path (issue 14: decide + update <= 1 % of a step), so in Python floats: a
+On the per-step path (decide + update must stay under 1 % of a step), so in Python floats: a
 drafter's row is one loop over its positions that stops where the chance of surviving that
 far is negligible, where a dozen numpy calls on 16-element arrays cost more than the loop.
 `formulas.rate_table` is the same arithmetic over arrays (tests compare the two)."""

@@ -9,7 +9,7 @@ size as a discounted least-squares line through every step, each size moved towa
 measured mean (on a CPU the cost steps rather than growing evenly); and the per-step overhead
 outside draft and verify, which every round pays (`step_list` is what decisions price).
 
-All of it is on the per-step path (issue 14: decide + update <= 1 % of a step), so in Python
+All of it is on the per-step path (decide + update must stay under 1 % of a step), so in Python
 floats: right after a forward the CPU's caches are cold and a dozen numpy calls on 16-element
 arrays cost more than the loops.
 """
@@ -34,7 +34,7 @@ class AcceptanceEstimate:
     borrow from shallow ones, and every position's noise shrinks, while the outside prior
     (a workload's pooled estimate) is worth only `prior_strength` observations in all.
 
-    On the per-step path (issue 14: decide + update <= 1 % of a step) the evidence is kept in
+    On the per-step path (decide + update under 1 % of a step) the evidence is kept in
     Python floats with the discount applied lazily: the stored counts are in units of
     `_scale` (evidence = stored * scale), so an update multiplies one float and touches only
     the positions it observed, instead of rescaling every position; numpy views (`ev_a`,
@@ -218,7 +218,7 @@ class CostModel:
         self.k_max = k_max
         self.smoothing = smoothing
         self.forgetting = forgetting
-        # No lock-in (issue 14). The line's slope is learnt only from forwards with K > 0: once none has run for
+        # No lock-in. The line's slope is learnt only from forwards with K > 0: once none has run for
         # `stale_after` steps (the controller chose plain decoding throughout), the slope is
         # trusted less and less and falls to 0 — the memory-bound prior — over as many steps
         # again, so a slope that one slow early forward made too steep cannot keep K = 0
@@ -332,7 +332,7 @@ class CostModel:
         """(k_max+1) predicted seconds of a step whose forward holds K+1 tokens, draft aside:
         the verify line plus the per-step overhead. What a decision compares: without the
         overhead a long draft's saving of whole steps is undercounted and K comes out short
-        (issue 14: on the reference pair the overhead is ~4 % of a plain step)."""
+        (on the reference pair the overhead is ~4 % of a plain step)."""
         if self._step is None:
             overhead = self.overhead
             self._step = [v + overhead for v in self.verify_list()]

@@ -53,15 +53,15 @@ class ControllerSettings:
     cost_stale_steps: int = knob(64, "forwards without a drafted one after which the verify "
                                     "line's slope is trusted less, reaching the flat prior after "
                                     "as many again (0: never)", "int", low=0, high=1024)
-    # issue 14: on held-out prompts 20 % of steps went to draft-model / early-exit draws that
+    # on held-out prompts 20 % of steps went to draft-model / early-exit draws that
     # the workload had long shown not to pay (a request's own posterior starts wide)
     explore_pooled: float = knob(32.0, "observations of the workload's pooled evidence (at most) "
                                        "added to a request's posterior for the drafter-choice "
                                        "draws: a drafter the workload has shown not to pay is "
                                        "rarely re-explored (0: the request's posterior alone)",
                                  "float", low=0, high=1024)
-    # issue 15: ITL p99 <= plain's. A token whose draft was rejected waits a whole step, so
-    # bounding the step bounds the tail of inter-token latency, at a cost in throughput
+    # for an ITL p99 no worse than plain's: a token whose draft was rejected waits a whole
+    # step, so bounding the step bounds the tail of inter-token latency, at a cost in throughput
     # (policies/latency.yaml sets it; docs/benchmarks.md shows both)
     step_cap: float = knob(0.0, "largest predicted step (drafting + verify) a decision may "
                                 "choose, as a multiple of a plain step at the same batch size: "

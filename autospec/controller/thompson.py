@@ -3,8 +3,8 @@
 Each option's per-position Beta posterior is drawn as a Gaussian with the Beta's mean and
 variance (clipped to [0, 1] where decide.best_k reads it), from standard normals drawn in bulk:
 right after a target forward the CPU's caches are cold and numpy's Beta sampler costs 60-80 us
-a step on this project's machine (8 us warm), a tenth of a reference-pair step (issue 14:
-decide + update <= 1 % of wall time). With a and b of a few observations and more, as the
+a step on this project's machine (8 us warm), a tenth of a reference-pair step
+(where decide + update must stay under 1 % of wall time). With a and b of a few observations and more, as the
 estimates' pooled shrinkage makes them, the two are close — replayed on the shipped traces over
 six seeds, the controller makes the same tokens/s to 0.5 % either way; exploration is what the
 draw is for, not the exact Beta tail. The means and deviations are cached per estimate

@@ -246,7 +246,7 @@ def _seconds(card: dict, role: str) -> float:
 
 
 def _reproducibility() -> str:
-    """Why weights differ across machines while the inputs do not (issue 11)."""
+    """Why weights differ across machines while the inputs do not."""
     path = Path(__file__).with_name("reproducibility.md")
     return "\n" + path.read_text() if path.exists() else ""
 

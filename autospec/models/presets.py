@@ -99,7 +99,7 @@ PRESETS = {
             TrainRecipe(steps=300, batch=8, seq_len=512, lr=1e-3, warmup=20, copy_share=0.6,
                         random_share=0.35, distill=0.5, data_seed=17),
         ),
-        # Copying (issue 3): the main recipe's target did not copy (0.29); these stages teach it.
+        # Copying: the main recipe's target did not copy (0.29); these stages teach it.
         target_stages=(
             # 1. more and longer copies: no phase change by itself (stopped at 800 of 1500)
             TrainRecipe(steps=800, batch=16, seq_len=384, lr=8e-4, warmup=50, copy_share=0.7,

@@ -69,7 +69,7 @@ class DistillRecipe:
 
 
 RECIPE = DistillRecipe()
-# The trained exit for self-speculation (issue 13 item 5): untrained, SmolLM2's exits agree
+# The trained exit for self-speculation: untrained, SmolLM2's exits agree
 # with the full model on 0.03 (layer 4) to 0.33 (layer 24) of tokens; here the target's first
 # 4 layers, then one trained layer (a copy of its last) with its own norm and subset head.
 EXIT_RECIPE = DistillRecipe(keep_layers=(0, 1, 2, 3, 29), borrowed_layers=4)

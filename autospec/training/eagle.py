@@ -67,7 +67,7 @@ class EagleRecipe:
     # drafts positions 2..chain on the head's own (detached) predictions, position j's loss
     # weighted chain_decay^(j-1) — at a lower rate (its own warm-up and cosine). From the
     # shipped phase-1 head, 150 steps of it lifted held-out positions 2-4 by 0.04-0.09 and
-    # kept position 1; as many steps without it did not (docs/benchmarks.md)
+    # kept position 1; as many steps without it did not
     refine_steps: int = 300
     refine_lr: float = 3e-4
     refine_warmup: int = 20
