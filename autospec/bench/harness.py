@@ -133,6 +133,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
             raise ValueError(f"prompt '{p.id}' has {len(encoded[p.id])} tokens; with "
                              f"{p.max_new_tokens or max_new_tokens} new tokens it exceeds the "
                              f"target's {limit} positions")
+    machine = machine_info()  # before the runs: the peaks measured on a machine at rest
     # warm-up: first calls pay one-off costs (lazy init, allocator) that are not decoding
     for m in measured:
         runners[m](encoded[prompts[0].id], 8, temperature, seed, None)
@@ -155,7 +156,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
                 progress(f"repeat {r + 1}/{repeats}, prompt {r * len(prompts) + i + 1}/{total}: {p.id}")
     categories = sorted({p.category for p in prompts})
     report = {"methods": {}, "measured": measure_costs(data, engine),
-              "models": _models(engine), "machine": machine_info(),
+              "models": _models(engine), "machine": machine,
               "settings": {"repeats": repeats, "max_new_tokens": max_new_tokens,
                            "temperature": temperature, "seed": seed, "prompts": len(prompts),
                            "categories": categories}}
@@ -271,7 +272,7 @@ def _oracle(report: dict, data: Measurements, categories: list[str], repeats: in
 
 def measure_costs(data: Measurements, engine: Engine) -> dict:
     """alpha per drafter and position, c per drafter, v(K), from our own runs' step records;
-    and what the formula needs to charge what every method pays (issue 14):
+    and what the formula needs to charge what every method pays:
     - alpha_per_slot: P(position j accepted | the step asked for more than j tokens), over
       every drafting step — a look-up with no match, or a shorter proposal than K, counts as
       not accepted there (`alpha`, P(accepted | proposed), leaves such steps out);
@@ -390,8 +391,13 @@ def own_params(model, target) -> int:
 
 
 def machine_info() -> dict:
-    copy_gbs, matmul_gflops = peaks()  # the host's (the roofline uses the target's device)
+    """The host (the roofline uses the target's device), its peaks measured again now: the
+    highest ever measured is the one used, and `peak_bandwidth` says when it was measured,
+    what this run measured and the recent measurements' spread (engine/bandwidth.py)."""
+    from autospec.engine.bandwidth import peak_bandwidth, peak_matmul_gflops
+    copy = peak_bandwidth("cpu", remeasure=True)
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "cuda": torch.cuda.is_available(),
-            "peak_bandwidth_gbs": copy_gbs, "peak_matmul_gflops": matmul_gflops}
+            "peak_bandwidth_gbs": copy["gbs"], "peak_bandwidth": copy,
+            "peak_matmul_gflops": peak_matmul_gflops("cpu", remeasure=True)}

@@ -34,7 +34,7 @@ def format_table(report: dict) -> str:
     if plain and plain[OVERALL].get("bandwidth_gbs") and peak:
         gbs = plain[OVERALL]["bandwidth_gbs"]
         lines += ["", f"plain decoding read {gbs:.1f} GB/s of weights + KV = {gbs / peak:.0%} of "
-                      f"this machine's measured copy peak ({peak:.1f} GB/s)"]
+                      f"this machine's measured copy peak ({peak:.1f} GB/s{_peak_note(report)})"]
     line = format_roofline(report.get("roofline") or [], ", one row")
     if line:
         peak_flops = report["machine"].get("peak_matmul_gflops")
@@ -66,3 +66,14 @@ def format_table(report: dict) -> str:
 def _fmt(s: dict) -> str:
     sp = s.get("speedup_vs_plain")
     return f"{s['tokens_per_s']:.1f} ({sp:.2f}x)" if sp else f"{s['tokens_per_s']:.1f}"
+
+
+def _peak_note(report: dict) -> str:
+    """When the copy peak in use was measured, and what this run measured beside it."""
+    peak = report["machine"].get("peak_bandwidth") or {}
+    if "this_run" not in peak:
+        return ""
+    when = f"measured {peak['measured_at']}" if peak.get("measured_at") else "cached"
+    return (f", the highest {when}; this run {peak['this_run']:.1f}, spread of the last "
+            f"{len(peak['recent'])} {peak['spread']:.0%}")
+
