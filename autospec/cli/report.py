@@ -14,7 +14,8 @@ import click
 @click.option("--peak-gbs", type=float, default=None, metavar="GB/S",
               help="Peak memory bandwidth for utilisation. Default: measured on this machine.")
 @click.option("--window", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Requests in each rolling mean of the plots over time.")
+              help="Requests pooled in each rolling line of the plots over time (capped at a "
+                   "workload's request count).")
 @click.option("--bench", "bench_paths", multiple=True, metavar="JSON",
               type=click.Path(path_type=Path, dir_okay=False),
               help="Instead of the store: the one-setting table of these `autospec bench "

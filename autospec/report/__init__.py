@@ -4,7 +4,8 @@
     with open_existing("sqlite:////abs/autospec.db") as store:
         text = write_report(store, Path("autospec-report"), peak_gbs=50.0)
 
-stats.py computes every number (pure, testable without matplotlib); plots.py draws them.
+stats.py computes every number (pure, testable without matplotlib); plots.py draws them, from
+the same summary rows summary.txt prints (render() gives both, before anything is written).
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import selectinload
 
-from autospec.report.stats import (UNLABELLED, RequestPoint, drafter_speeds, split_traffic,
-                                   summarise_workloads, summary_text)
+from autospec.report.stats import (UNLABELLED, RequestPoint, drafter_speeds, plot_window,
+                                   split_traffic, summarise_workloads, summary_text)
 from autospec.store import AppliedPolicy, StepAggregate, Store, StoreError, default_url, open_store
 from autospec.store.queries import applied_policies
 from autospec.store.schema import RequestRow
@@ -93,12 +94,17 @@ def peak_bandwidth(hardware: set[str], given: float | None = None) -> Peak:
     return Peak(peak_bandwidth_gbs(device), f"{device} peak of this machine; --peak-gbs to override")
 
 
-def write_report(store: Store, out_dir: Path, peak_gbs: float | None = None,
-                 window: int = 20) -> str:
-    """Write summary.txt and the four PLOTS into out_dir (created); returns the summary.
-    The plots, like the summary's workload rows, are of the controller's requests (baseline
-    traffic apart: stats.Traffic). Raises EmptyStoreError before writing anything when the
-    store holds no requests."""
+@dataclass(frozen=True)
+class Rendered:
+    """The report before it is written: summary.txt's text and {PLOTS name: Figure}."""
+    text: str
+    figures: dict
+
+
+def render(store: Store, peak_gbs: float | None = None, window: int = 20) -> Rendered:
+    """The summary and the four PLOTS, drawn from the same rows the summary's numbers are
+    (stats.summarise_workloads, stats.drafter_speeds of the controller's requests: baseline
+    traffic apart, stats.Traffic). Raises EmptyStoreError when the store holds no requests."""
     if window < 1:
         raise ValueError(f"rolling window must be >= 1, got {window}")
     requests, policies = load(store)
@@ -106,14 +112,30 @@ def write_report(store: Store, out_dir: Path, peak_gbs: float | None = None,
         raise EmptyStoreError(f"store {store.url} holds no requests yet: nothing to report "
                               f"(requests are stored by the daemon or `store.ingest`)")
     peak = peak_bandwidth({r.hardware for r in requests}, peak_gbs)
-    shown = split_traffic(requests).shown
+    traffic = split_traffic(requests)
+    shown = traffic.shown
+    who = "the controller's requests" if traffic.controller else "the baseline requests"
+    summaries = summarise_workloads(shown)  # summary_text's workload rows, from the same rows
+    window = plot_window(shown, window)
     from autospec.report import plots  # matplotlib only once there is something to draw
+    figures = {
+        "acceptance.png": plots.plot_acceptance(shown, summaries, window, who),
+        "drafters.png": plots.plot_drafters(summaries, who),
+        "speedup.png": plots.plot_speedup(drafter_speeds(shown), who),
+        "bandwidth.png": plots.plot_bandwidth(shown, summaries, peak.gbs, window, who),
+    }
+    assert tuple(figures) == PLOTS
+    return Rendered(summary_text(requests, policies, peak.gbs, peak.source, store.url), figures)
+
+
+def write_report(store: Store, out_dir: Path, peak_gbs: float | None = None,
+                 window: int = 20) -> str:
+    """Write summary.txt and the four PLOTS into out_dir (created); returns the summary.
+    Raises EmptyStoreError before writing anything when the store holds no requests."""
+    report = render(store, peak_gbs, window)
+    from autospec.report.plots import DPI
     out_dir.mkdir(parents=True, exist_ok=True)
-    window = min(window, len(shown))
-    plots.plot_acceptance(shown, out_dir / "acceptance.png", window)
-    plots.plot_drafters(summarise_workloads(shown), out_dir / "drafters.png")
-    plots.plot_speedup(drafter_speeds(shown), out_dir / "speedup.png")
-    plots.plot_bandwidth(shown, peak.gbs, out_dir / "bandwidth.png", window)
-    text = summary_text(requests, policies, peak.gbs, peak.source, store.url)
-    (out_dir / "summary.txt").write_text(text)
-    return text
+    for name, figure in report.figures.items():
+        figure.savefig(out_dir / name, dpi=DPI)
+    (out_dir / "summary.txt").write_text(report.text)
+    return report.text

@@ -2,57 +2,95 @@
 
 Figures are built with matplotlib's object API on an Agg canvas, never through pyplot: no
 display is needed and no global figure state is left behind (the daemon may call this too).
+The report's plot_* return their Figure (report.render collects them, write_report saves
+them), drawn from the same summary rows summary.txt prints; plot_load (bench) saves its own.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from autospec.report.stats import (PLAIN, DrafterSpeed, GroupSummary, RequestPoint,
-                                   by_workload, mean_k, rolling_mean)
+from autospec.report.stats import (ACCEPT_FMT, K_FMT, PLAIN, SHARE_FMT, SPEEDUP_FMT,
+                                   TOKENS_PER_S_FMT, UTIL_FMT, DrafterSpeed, GroupSummary,
+                                   RequestPoint, Trend, acceptance_parts, bandwidth_parts,
+                                   by_workload, k_parts, number, trends, utilisation)
 
 DPI = 120
 
+# Each plotted series carries a gid, so what a figure shows can be read back from it (the
+# tests compare it with summary.txt): "each:W", "rolling:W", "whole:W" per workload W over
+# time; "share:D" per drafter D in drafters.png; "speed" in speedup.png.
+
 
 def _figure(rows: int = 1, height: float = 4.0) -> tuple[Figure, list]:
-    fig = Figure(figsize=(8, height * rows), layout="constrained")
+    fig = Figure(figsize=(10, height * rows + 0.6), layout="constrained")
     FigureCanvasAgg(fig)
     return fig, [fig.add_subplot(rows, 1, i + 1) for i in range(rows)]
 
 
-def _over_time(ax, requests: Sequence[RequestPoint], value, window: int, ylabel: str) -> None:
-    """Per workload: the per-request values as faint dots, their rolling mean as a line.
+def _nan(values: Sequence[float | None]) -> list[float]:
+    return [float("nan") if v is None else v for v in values]
+
+
+def _key(requests: Sequence[RequestPoint], window: int) -> str:
+    """The last line of a plot over time's title: what its marks are."""
+    if window >= max(len(g) for g in by_workload(requests).values()):
+        solid = "pooled over its workload's requests so far"  # ends on the dashed level
+    elif window > 1:
+        solid = f"pooled over its workload's last {window} requests"
+    else:
+        solid = "the same (a window of 1 request)"
+    return (f"dots: one request; solid: {solid}; dashed: all of the workload's requests, "
+            f"as in the legend and summary.txt")
+
+
+def _over_time(ax, series: Sequence[Trend], label: Callable[[Trend], str], column: str) -> None:
+    """Per workload: each request's figure as faint dots, the rolling pooled figure as a line,
+    the whole workload's (the summary's number) dashed over its span and in the legend.
     x = position in stored (ingest) order over all requests, so workloads share one axis."""
-    position = {id(r): i for i, r in enumerate(requests)}
-    for workload, group in by_workload(requests).items():
-        xs = [position[id(r)] for r in group]
-        ys = [value(r) for r in group]
-        dots = ax.plot(xs, [float("nan") if y is None else y for y in ys], ".", alpha=0.25)
-        smooth = rolling_mean(ys, window)
-        ax.plot(xs, [float("nan") if y is None else y for y in smooth], "-",
-                color=dots[0].get_color(), label=workload)
-    ax.set_ylabel(ylabel)
+    for t in series:
+        line, = ax.plot(t.positions, _nan(t.rolling), "-", label=label(t),
+                        gid=f"rolling:{t.workload}")
+        color = line.get_color()
+        ax.plot(t.positions, _nan(t.each), ".", color=color, alpha=0.35, gid=f"each:{t.workload}")
+        if t.whole is not None:
+            ax.plot([t.positions[0] - 0.4, t.positions[-1] + 0.4], [t.whole, t.whole], "--",
+                    color=color, lw=1, alpha=0.7, gid=f"whole:{t.workload}")
+    ax.legend(title=f"workload: {column}", fontsize="small", loc="upper left",
+              bbox_to_anchor=(1.01, 1))
     ax.grid(alpha=0.3)
 
 
-def plot_acceptance(requests: Sequence[RequestPoint], path: Path, window: int) -> None:
-    fig, (top, bottom) = _figure(rows=2, height=3.2)
-    _over_time(top, requests, lambda r: r.acceptance_rate if r.proposed else None, window,
-               "acceptance rate")
+def plot_acceptance(requests: Sequence[RequestPoint], summaries: dict[str, GroupSummary],
+                    window: int, who: str = "the controller's requests") -> Figure:
+    """Acceptance rate (top) and mean K (bottom) per workload over the stored requests.
+    summaries: summarise_workloads(requests), the summary's rows."""
+    fig, (top, bottom) = _figure(rows=2, height=3.4)
+    fig.suptitle(f"Acceptance rate and K by workload, over {who} in ingest order\n"
+                 f"{_key(requests, window)}", fontsize="medium")
+    _over_time(top, trends(requests, summaries, acceptance_parts, lambda s: s.acceptance_rate,
+                           window),
+               lambda t: f"{t.workload}: {number(t.whole, ACCEPT_FMT)}", "accept_rate")
     top.set_ylim(0, 1.02)
-    top.set_title(f"Acceptance and K per request (lines: rolling mean of {window})")
-    top.legend(title="workload", fontsize="small")
-    _over_time(bottom, requests, lambda r: mean_k(r.aggregates), window, "mean K (plain = 0)")
+    top.set_title("acceptance rate = accepted / proposed draft tokens", fontsize="medium")
+    top.set_ylabel("acceptance rate")
+    _over_time(bottom, trends(requests, summaries, k_parts, lambda s: s.mean_k, window),
+               lambda t: f"{t.workload}: {number(t.whole, K_FMT)}", "mean_K")
     bottom.set_ylim(bottom=0)
-    bottom.set_xlabel("request (ingest order)")
-    fig.savefig(path, dpi=DPI)
+    bottom.set_title("mean K = draft tokens asked per step, steps-weighted (plain steps: K = 0)",
+                     fontsize="medium")
+    bottom.set_ylabel("mean K (tokens/step)")
+    bottom.set_xlabel("request (ingest order, all workloads)")
+    return fig
 
 
-def plot_drafters(summaries: dict[str, GroupSummary], path: Path) -> None:
+def plot_drafters(summaries: dict[str, GroupSummary], who: str = "the controller's requests"
+                  ) -> Figure:
+    """Stacked share of steps per drafter, one bar per summary row (workloads, then all)."""
     fig, (ax,) = _figure()
     names = list(summaries)
     drafters = sorted({d for s in summaries.values() for d in s.drafter_shares},
@@ -60,49 +98,67 @@ def plot_drafters(summaries: dict[str, GroupSummary], path: Path) -> None:
     bottoms = [0.0] * len(names)
     for drafter in drafters:
         shares = [summaries[w].drafter_shares.get(drafter, 0.0) for w in names]
-        ax.bar(names, shares, bottom=bottoms, label=drafter,
-               color="0.75" if drafter == PLAIN else None)
+        bars = ax.bar(names, shares, bottom=bottoms, label=drafter, gid=f"share:{drafter}",
+                      color="0.75" if drafter == PLAIN else None)
+        ax.bar_label(bars, labels=[format(v, SHARE_FMT) if v >= 0.04 else "" for v in shares],
+                     label_type="center", fontsize="small")
         bottoms = [b + s for b, s in zip(bottoms, shares)]
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_ylim(0, 1)
-    ax.set_ylabel("share of steps")
-    ax.set_title("Drafter shares by workload")
+    ax.set_ylabel("share of steps (%)")
+    ax.set_title(f"Share of decoding steps by drafter, per workload, over {who}\n"
+                 "(summary.txt: drafter shares of steps)", fontsize="medium")
     ax.legend(title="drafter", fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.savefig(path, dpi=DPI)
+    return fig
 
 
-def plot_speedup(speeds: Sequence[DrafterSpeed], path: Path) -> None:
+def plot_speedup(speeds: Sequence[DrafterSpeed], who: str = "the controller's requests"
+                 ) -> Figure:
     """Speedup over plain steps when plain steps were recorded, else absolute tokens/s."""
     relative = any(s.drafter == PLAIN for s in speeds)
     fig, (ax,) = _figure()
     shown = [s for s in speeds if (s.speedup if relative else s.tokens_per_s) is not None]
     values = [s.speedup if relative else s.tokens_per_s for s in shown]
-    bars = ax.bar([s.drafter for s in shown], values,
+    bars = ax.bar([f"{s.drafter}\n{s.steps} steps" for s in shown], values, gid="speed",
                   color=["0.75" if s.drafter == PLAIN else "C0" for s in shown])
-    ax.bar_label(bars, labels=[f"{v:.2f}x" if relative else f"{v:.0f}" for v in values])
+    ax.bar_label(bars, labels=[f"{v:{SPEEDUP_FMT}}x" if relative else f"{v:{TOKENS_PER_S_FMT}}"
+                               for v in values])
     ax.margins(y=0.12)  # room for the labels above the tallest bar
+    step_time = "tokens/s of step time (draft + verify)"
     if relative:
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_ylabel("tokens/s relative to plain steps")
-        ax.set_title("Speedup by drafter (step time: draft + verify)")
+        ax.set_ylabel("speedup (x plain steps' tokens/s)")
+        ax.set_title(f"Speedup by drafter: {step_time} relative to plain steps, over {who}\n"
+                     "(summary.txt: tokens/s of step time by drafter)", fontsize="medium")
     else:
-        ax.set_ylabel("tokens/s")
-        ax.set_title("Tokens/s by drafter (no plain steps recorded: absolute)")
+        ax.set_ylabel("tokens/s of step time")
+        ax.set_title(f"Tokens/s by drafter: {step_time}, over {who}; no plain steps recorded, "
+                     "so absolute\n(summary.txt: tokens/s of step time by drafter)",
+                     fontsize="medium")
     ax.grid(axis="y", alpha=0.3)
-    fig.savefig(path, dpi=DPI)
+    return fig
 
 
-def plot_bandwidth(requests: Sequence[RequestPoint], peak_gbs: float, path: Path,
-                   window: int) -> None:
-    fig, (ax,) = _figure()
-    _over_time(ax, requests, lambda r: r.bandwidth_gbs / peak_gbs, window, "bandwidth / peak")
+def plot_bandwidth(requests: Sequence[RequestPoint], summaries: dict[str, GroupSummary],
+                   peak_gbs: float, window: int, who: str = "the controller's requests") -> Figure:
+    """Bandwidth utilisation (GB/s over peak_gbs) per workload over the stored requests."""
+    fig, (ax,) = _figure(height=4.5)
+
+    def label(t: Trend) -> str:
+        return (f"{t.workload}: {number(t.whole, UTIL_FMT)} "
+                f"({number(summaries[t.workload].bandwidth_gbs, '.2f')} GB/s)")
+
+    _over_time(ax, trends(requests, summaries, bandwidth_parts,
+                          lambda s: utilisation(s.bandwidth_gbs, peak_gbs), window, peak_gbs),
+               label, "util (GB/s)")
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("request (ingest order)")
-    ax.set_title(f"Bandwidth utilisation (peak {peak_gbs:.1f} GB/s; "
-                 f"lines: rolling mean of {window})")
-    ax.legend(title="workload", fontsize="small")
-    fig.savefig(path, dpi=DPI)
+    ax.set_ylabel(f"% of peak {peak_gbs:.1f} GB/s")
+    ax.set_xlabel("request (ingest order, all workloads)")
+    fig.suptitle(f"Bandwidth utilisation by workload, over {who} in ingest order\n"
+                 f"GB moved / step (draft + verify) seconds, as % of peak {peak_gbs:.1f} GB/s\n"
+                 f"{_key(requests, window)}", fontsize="medium")
+    return fig
 
 
 def plot_load(by_concurrency: dict, path: Path) -> None:

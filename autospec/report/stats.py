@@ -5,13 +5,20 @@ weighs a tenth of a 100-token one: acceptance rate = sum accepted / sum proposed
 length = sum emitted / sum steps, tokens/s = sum output tokens / sum wall seconds, bandwidth =
 sum bytes moved / sum (draft + verify) seconds, as telemetry.summarise defines them per request.
 
+The plots over time draw the same pooled figures (`trends`): per workload, each request's own
+figure (dots), the figure pooled over its workload's last N requests (a rolling ratio of sums,
+not a rolling mean of per-request ratios), and the whole workload's figure, which is the summary
+row's number. A mean of per-request ratios weighs a slow request like a fast one, and so reads
+higher or lower than the summary's pooled figure (bandwidth.png once read 3-7 % of peak against
+the summary's 1.6-2.9 %).
+
 The workload rows, drafter shares and drafter speeds are of the controller's requests; baseline
 traffic (requests whose method fixed the drafter and K, like the demo's plain half) is
 reported apart, per method (`split_traffic`).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -84,15 +91,21 @@ def mean_k(aggregates: Iterable[StepAggregate]) -> float | None:
     return _ratio(weighted, steps)
 
 
-def rolling_mean(values: Sequence[float | None], window: int) -> list[float | None]:
-    """Trailing mean over the last `window` values (fewer at the start); None values are
-    skipped, and a window holding only None gives None."""
+def utilisation(gbs: float | None, peak_gbs: float) -> float | None:
+    """Bandwidth as a fraction of the peak: the summary's util column and bandwidth.png's y."""
+    return None if gbs is None else gbs / peak_gbs
+
+
+def rolling_ratio(parts: Sequence[tuple[float, float]], window: int) -> list[float | None]:
+    """Trailing ratio of sums over the last `window` (numerator, denominator) pairs (fewer at
+    the start): at each point, the pooled figure of those requests, as the summary pools a
+    workload. None where the denominators sum to 0 (nothing drafted, no step time)."""
     if window < 1:
         raise ValueError(f"rolling window must be >= 1, got {window}")
     out: list[float | None] = []
-    for i in range(len(values)):
-        kept = [v for v in values[max(0, i - window + 1): i + 1] if v is not None]
-        out.append(sum(kept) / len(kept) if kept else None)
+    for i in range(len(parts)):
+        kept = parts[max(0, i - window + 1): i + 1]
+        out.append(_ratio(sum(n for n, _ in kept), sum(d for _, d in kept)))
     return out
 
 
@@ -165,6 +178,64 @@ def summarise_workload(name: str, requests: Sequence[RequestPoint]) -> GroupSumm
     )
 
 
+# -- the figures over time, as the plots draw them -------------------------------------------
+# Each is a ratio of sums; a request gives its (numerator, denominator), and pooled over a
+# workload they give that workload's GroupSummary field (summarise_workload).
+def acceptance_parts(r: RequestPoint) -> tuple[float, float]:
+    """-> GroupSummary.acceptance_rate: accepted / proposed draft tokens."""
+    return r.accepted, r.proposed
+
+
+def k_parts(r: RequestPoint) -> tuple[float, float]:
+    """-> GroupSummary.mean_k: sum of steps x K / steps, plain steps K = 0."""
+    return sum(a.steps * a.k for a in r.aggregates), sum(a.steps for a in r.aggregates)
+
+
+def bandwidth_parts(r: RequestPoint) -> tuple[float, float]:
+    """-> GroupSummary.bandwidth_gbs: GB moved / step (draft + verify) seconds."""
+    return r.bytes_moved / 1e9, r.draft_seconds + r.verify_seconds
+
+
+@dataclass(frozen=True)
+class Trend:
+    """One workload's figure over the stored requests, as a plot over time draws it."""
+    workload: str
+    positions: list[int]  # x: each request's place among all the plotted ones (stored order)
+    each: list[float | None]  # each request's own figure; None: nothing to divide
+    rolling: list[float | None]  # pooled over the workload's last `window` requests so far
+    whole: float | None  # pooled over all of the workload's requests: the summary's number
+
+
+def trends(requests: Sequence[RequestPoint], summaries: dict[str, GroupSummary],
+           parts: Callable[[RequestPoint], tuple[float, float]],
+           whole: Callable[[GroupSummary], float | None], window: int,
+           scale: float = 1.0) -> list[Trend]:
+    """Per workload (by name): `parts` per request and rolling over `window`, each divided by
+    `scale` (bandwidth: the peak, for utilisation), and `whole` of the workload's summary row
+    (`summaries`: summarise_workloads of the same requests), so the plot's whole-workload
+    level is the very number the summary prints."""
+    position = {id(r): i for i, r in enumerate(requests)}
+
+    def scaled(v: float | None) -> float | None:
+        return None if v is None else v / scale
+
+    out = []
+    for workload, group in by_workload(requests).items():
+        pairs = [parts(r) for r in group]
+        out.append(Trend(workload, [position[id(r)] for r in group],
+                         [scaled(_ratio(n, d)) for n, d in pairs],
+                         [scaled(v) for v in rolling_ratio(pairs, window)],
+                         whole(summaries[workload])))
+    return out
+
+
+def plot_window(requests: Sequence[RequestPoint], window: int) -> int:
+    """The rolling window the plots over time use: `window`, but no more than the largest
+    workload's count of requests (a window of 20 over 6 requests is a window of 6)."""
+    groups = by_workload(requests)
+    return max(1, min(window, max((len(g) for g in groups.values()), default=1)))
+
+
 def summarise_workloads(requests: Sequence[RequestPoint]) -> dict[str, GroupSummary]:
     """{workload: summary} in name order, then "all" pooled over every request."""
     out = {w: summarise_workload(w, rs) for w, rs in by_workload(requests).items()}
@@ -197,21 +268,36 @@ def drafter_speeds(requests: Iterable[RequestPoint]) -> list[DrafterSpeed]:
 
 
 # -- the text summary -------------------------------------------------------------------------
-def _num(value: float | None, fmt: str) -> str:
+def number(value: float | None, fmt: str) -> str:
+    """A figure as the summary prints it ("-" for none); the plots label theirs the same way."""
     return "-" if value is None else format(value, fmt)
 
 
-_COLUMNS = (f"{'requests':>8} {'output':>8} {'accept':>7} {'len/step':>8} {'mean K':>6} "
-            f"{'tok/s':>9} {'GB/s':>7} {'util':>6}")
+# The summary tables' columns: (header, width, format). Every header is one word, so a row
+# splits on whitespace into exactly its columns, each under its header.
+ACCEPT_FMT, K_FMT, UTIL_FMT, SHARE_FMT, SPEEDUP_FMT, TOKENS_PER_S_FMT = \
+    ".3f", ".2f", ".1%", ".1%", ".2f", ".1f"
+_COLUMNS = (("requests", 8, "d"), ("out_tokens", 10, "d"), ("accept_rate", 11, ACCEPT_FMT),
+            ("tokens/step", 11, ".2f"), ("mean_K", 6, K_FMT), ("tokens/s", 9, TOKENS_PER_S_FMT),
+            ("GB/s", 7, ".2f"), ("util", 6, UTIL_FMT))
+COLUMN_KEY = [  # after the workload table; indented, so not read as a row
+    "  accept_rate: accepted / proposed draft tokens; tokens/step: output tokens / steps (bonus",
+    "  token included); mean_K: K per step, steps-weighted, plain steps K = 0; tokens/s: output",
+    "  tokens / wall s; GB/s: bytes moved / step (draft + verify) s; util: GB/s / peak. Each is",
+    "  pooled over the row's requests (a ratio of sums), as the plots' dashed lines and legends.",
+]
 
 
-def _row(s: GroupSummary, peak_gbs: float, width: int = 16) -> str:
+def _header(first: str, width: int) -> str:
+    return f"{first:<{width}}" + "".join(f"  {h:>{w}}" for h, w, _ in _COLUMNS)
+
+
+def _row(s: GroupSummary, peak_gbs: float, width: int) -> str:
     """One line of a summary table: the group's name in `width` characters, then _COLUMNS."""
-    util = None if s.bandwidth_gbs is None else s.bandwidth_gbs / peak_gbs
-    return (f"{s.name:<{width}} {s.requests:>8} {s.output_tokens:>8} "
-            f"{_num(s.acceptance_rate, '.3f'):>7} {_num(s.mean_accepted_length, '.2f'):>8} "
-            f"{_num(s.mean_k, '.2f'):>6} {_num(s.tokens_per_s, '.1f'):>9} "
-            f"{_num(s.bandwidth_gbs, '.2f'):>7} {_num(util, '.1%'):>6}")
+    values = (s.requests, s.output_tokens, s.acceptance_rate, s.mean_accepted_length, s.mean_k,
+              s.tokens_per_s, s.bandwidth_gbs, utilisation(s.bandwidth_gbs, peak_gbs))
+    return f"{s.name:<{width}}" + "".join(f"  {number(v, f):>{w}}"
+                                          for v, (_, w, f) in zip(values, _COLUMNS))
 
 
 def summary_text(requests: Sequence[RequestPoint], policies: Sequence[AppliedPolicy],
@@ -238,19 +324,22 @@ def summary_text(requests: Sequence[RequestPoint], policies: Sequence[AppliedPol
     elif traffic.baseline:
         lines.append(f"no request ran the adaptive controller: the rows below pool the "
                      f"{len(requests)} baseline requests")
-    lines.append(f"{'workload':<16} {_COLUMNS}")
-    lines += [_row(s, peak_gbs) for s in summaries.values()]
+    width = max(16, *map(len, summaries))
+    lines.append(_header("workload", width))
+    lines += [_row(s, peak_gbs, width) for s in summaries.values()]
+    lines += COLUMN_KEY
     lines += ["", "drafter shares of steps:"]
     for s in summaries.values():
-        shares = ", ".join(f"{d} {share:.1%}" for d, share in s.drafter_shares.items())
+        shares = ", ".join(f"{d} {share:{SHARE_FMT}}" for d, share in s.drafter_shares.items())
         lines.append(f"  {s.name:<16} {shares or '-'}")
     speeds = drafter_speeds(traffic.shown)
     has_plain = any(s.drafter == PLAIN for s in speeds)
     lines += ["", "tokens/s of step time (draft + verify) by drafter"
               + (", relative to plain steps:" if has_plain else ":")]
     for s in speeds:
-        lines.append(f"  {s.drafter:<16} {s.steps:>8} steps {_num(s.tokens_per_s, '.1f'):>9} tok/s"
-                     + (f" {_num(s.speedup, '.2f')}x" if has_plain else ""))
+        lines.append(f"  {s.drafter:<16} {s.steps:>8} steps "
+                     f"{number(s.tokens_per_s, TOKENS_PER_S_FMT):>9} tok/s"
+                     + (f" {number(s.speedup, SPEEDUP_FMT)}x" if has_plain else ""))
     if not has_plain:
         lines.append("  no plain steps recorded: no speedup vs plain; speedup.png shows absolute tokens/s")
     lines.append("")
@@ -260,10 +349,10 @@ def summary_text(requests: Sequence[RequestPoint], policies: Sequence[AppliedPol
         counts = ", ".join(f"{m} {s.requests}" for m, s in rows.items())
         width = max(16, *map(len, rows))
         lines += [f"baseline requests: {everything.requests} ({counts}), tokens/s "
-                  f"{_num(everything.tokens_per_s, '.1f')}",
+                  f"{number(everything.tokens_per_s, TOKENS_PER_S_FMT)}",
                   "their method fixed the drafter and K"
                   + (": not in the controller's rows above" if traffic.controller else ""),
-                  f"{'method':<{width}} {_COLUMNS}"]
+                  _header("method", width)]
         lines += [_row(s, peak_gbs, width) for s in rows.values()]
         lines.append("")
     if policies:
