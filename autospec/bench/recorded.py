@@ -13,9 +13,13 @@ step_batch, finish, abandon, runnable_drafters, clock, idle) over a Trace (bench
   it (`Prices.step` at the step's rows: the recorded forwards at one row, the recorded batch
   line past one), and by its drafting at the recorded seconds per drafted token; a look-up
   a controller makes before the step (`peek`: the real look-up drafter on the row's tokens)
-  is charged when made, as the live loop's clock sees it;
-- not simulated: prefill (a prompt joins at no cost: the trace has no prefill cost) and the
-  controller's own seconds (0: a replay is deterministic).
+  is charged when made, as the live loop's clock sees it; and each step the loop's own
+  overhead the recording measured (Trace.overhead_seconds);
+- a request's start is charged what its live plain run spent outside its steps (its
+  prefill, TraceRequest.prefill_seconds), whole, as the live engine prefills without
+  `prefill_chunk`;
+- not simulated: chunked prefill, and the controller's own seconds (0: a replay is
+  deterministic).
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ class RecordedEngine:
     at `trace`'s costs."""
 
     packed = True  # its forward is priced over the rows' real tokens
-    prefill_chunk = None  # prompts join whole, at no cost
+    prefill_chunk = None  # prompts join whole (charged at start)
 
     def __init__(self, trace, max_batch: int = 1, requests=None,
                  drafter_options: dict[str, dict] | None = None):
@@ -74,6 +78,7 @@ class RecordedEngine:
                           torch.Generator(), workload=workload, seed=seed, started=self.now)
         request.slot = self.free.pop(0)
         self.free.sort()
+        self.now += recorded.prefill_seconds  # as Engine.start prefills before it returns
         return request
 
     def unfilled(self, request: Request) -> int:
@@ -119,7 +124,7 @@ class RecordedEngine:
             plan.append((name if k else None, k, made, agree, seconds))
         drafted = [made for _, _, made, _, _ in plan]
         forward = self.prices[len(decisions)].step(sum(drafted), max(drafted))
-        self.now += forward
+        self.now += forward + self.trace.overhead_seconds  # the loop's own (jobs.py reads it)
         emitted = []
         for (request, _, _), (name, k, made, agree, seconds) in zip(decisions, plan):
             recorded = self.recorded[request.request_id]

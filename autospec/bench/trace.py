@@ -17,8 +17,9 @@ that learns from evidence can reach at those costs.
 
 File format (JSON): {"schema_version": 1, "k_max": int, "costs": {"verify_seconds": [K_max+1],
 "draft_seconds_per_token": {drafter: float}, "batch_line": [a, b, c, j, w] (seconds; absent
-in traces recorded before it)}, "models": {"target", "draft", "pair"},
-"requests": [{"id", "category", "prompt": [ids], "output": [ids], "match": {drafter: [ints]}}]}
+in traces recorded before it), "overhead_seconds": float (absent: 0)}, "models": {"target", "draft", "pair"},
+"requests": [{"id", "category", "prompt": [ids], "output": [ids], "match": {drafter: [ints]},
+"proposed": {drafter: [ints]}, "prefill_seconds": float}]}
 """
 from __future__ import annotations
 
@@ -31,13 +32,14 @@ from pathlib import Path
 import torch
 
 from autospec.controller.batch import Prices, step_features, batch_ks
-from autospec.drafters.base import DraftContext, create_drafter
+from autospec.drafters.base import DraftContext, create_drafter, drafter_class
 from autospec.engine.accept import agreeing_prefix
 from autospec.engine.loop import Engine
 from autospec.engine.request import Job
 from autospec.controller.interface import (Controller, Decision, RowController,
                                            StaticController, Step)
 from autospec.models.sampling import SamplingParams
+from autospec.telemetry import StepRecord
 
 SCHEMA_VERSION = 1
 
@@ -52,6 +54,9 @@ class TraceRequest:
     # drafter -> (len(output),) tokens it proposed at each t when asked for K_max (a look-up
     # drafter may have fewer or none); absent in traces recorded before: K_max everywhere
     proposed: dict[str, list[int]] | None = None
+    # seconds its live plain run spent outside its steps (the prompt's prefill, start and
+    # finish): what a replay charges when it starts; absent in traces recorded before: 0
+    prefill_seconds: float = 0.0
 
 
 @dataclass
@@ -62,6 +67,9 @@ class Trace:
     requests: list[TraceRequest] = field(default_factory=list)
     models: dict = field(default_factory=dict)
     batch_line: list[float] | None = None  # (a, b, c, j, w) of a batch step (calibrate_batch)
+    # seconds a live step spends outside its verify phase and drafting (the decision, the
+    # loop: StepRecord.overhead_seconds), the median; 0 in traces recorded before it
+    overhead_seconds: float = 0.0
 
     @property
     def pair(self) -> str | None:
@@ -84,6 +92,8 @@ class Trace:
                  "draft_seconds_per_token": self.draft_seconds_per_token}
         if self.batch_line is not None:
             costs["batch_line"] = self.batch_line
+        if self.overhead_seconds:
+            costs["overhead_seconds"] = self.overhead_seconds
         payload = {"schema_version": SCHEMA_VERSION, "k_max": self.k_max, "costs": costs,
                    "models": self.models,
                    "requests": [r.__dict__ for r in self.requests]}
@@ -102,7 +112,7 @@ class Trace:
             return cls(raw["k_max"], raw["costs"]["verify_seconds"],
                        raw["costs"]["draft_seconds_per_token"],
                        [TraceRequest(**r) for r in raw["requests"]], raw.get("models", {}),
-                       raw["costs"].get("batch_line"))
+                       raw["costs"].get("batch_line"), raw["costs"].get("overhead_seconds", 0.0))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"trace '{path}': malformed ({exc})") from None
 
@@ -114,12 +124,25 @@ def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
     forward's costs at batch 1 and over `batch_rows` rows (0: not)."""
     from autospec.bench.harness import prompt_ids
     draft_times: dict[str, list[float]] = {d: [] for d in drafters}
-    requests = []
+    requests, live = [], []
+    live_draft: dict[str, list[float]] = {}  # a model drafter's seconds per token, live
     for i, p in enumerate(prompts):
         ids = prompt_ids(engine, p)
-        plain = engine.generate(ids, controller=StaticController(None, 0),
-                                max_new_tokens=p.max_new_tokens or max_new_tokens)
+        n = p.max_new_tokens or max_new_tokens
+        plain = engine.generate(ids, controller=StaticController(None, 0), max_new_tokens=n)
         output = plain.token_ids
+        # the live step's costs at every width an n-gram draft reaches (steps, not forwards)
+        live += plain.telemetry.step_records + engine.generate(
+            ids, controller=StaticController("ngram", k_max), max_new_tokens=n).telemetry.step_records
+        # a model drafter's token as the live step drafts it (its own cache, caught up once
+        # a step): timed alone, a cold proposal per position, it cost 0.65 ms a token on the
+        # reference pair's draft model against the live step's ~0.9
+        for name in drafters:
+            if not drafter_class(name).peekable:
+                steps = engine.generate(ids, controller=StaticController(name, LIVE_K),
+                                        max_new_tokens=n).telemetry.step_records
+                live_draft.setdefault(name, []).extend(
+                    s.draft_seconds / s.proposed for s in steps if s.proposed)
         hidden = _features_of(engine, ids + output)
         match, proposed = {}, {}
         for name in drafters:
@@ -136,16 +159,43 @@ def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
                 counts.append(agreeing_prefix(draft.tokens, output[t:t + len(draft.tokens)]))
                 lengths.append(len(draft.tokens))
             match[name], proposed[name] = counts, lengths
-        requests.append(TraceRequest(p.id, p.category, ids, output, match, proposed))
+        steps = plain.telemetry.step_records
+        prefill = plain.telemetry.wall_seconds - sum(
+            s.draft_seconds + s.verify_seconds + (s.overhead_seconds or 0.0) + s.controller_seconds
+            for s in steps)
+        requests.append(TraceRequest(p.id, p.category, ids, output, match, proposed,
+                                     max(0.0, prefill)))
         if progress:
             progress(f"recorded {i + 1}/{len(prompts)}: {p.id}")
-    verify = calibrate_verify(engine, requests[0].prompt + requests[0].output, k_max)
+    verify = step_verify(live, calibrate_verify(engine, requests[0].prompt + requests[0].output,
+                                                k_max))
     line = (calibrate_batch(engine, [r.prompt + r.output for r in requests], batch_rows)
             if batch_rows > 1 else None)
+    overhead = statistics.median(s.overhead_seconds or 0.0 for s in live)
+    draft_times.update((d, v) for d, v in live_draft.items() if v)
     return Trace(k_max, verify,
                  {d: statistics.median(v) if v else 0.0 for d, v in draft_times.items()},
                  requests, {"target": engine.models.target_name, "draft": engine.models.draft_name,
-                            "pair": engine.models.key}, line)
+                            "pair": engine.models.key}, line, overhead)
+
+
+MIN_STEPS = 3  # live steps at a width before their median prices it
+LIVE_K = 4  # the K of the live runs that price a model drafter's token
+
+
+def step_verify(steps: list[StepRecord], forward: list[float]) -> list[float]:
+    """v(K) as the live step's verify phase costs it (the forward, accept, roll back, the row's
+    record: StepRecord.verify_seconds), the median at each width with MIN_STEPS steps; a
+    width without them: its bare forward (`forward`, calibrate_verify) plus the median of
+    the measured widths' step-minus-forward. The bare forward alone made a replayed n-gram
+    run 24 % faster than its live run on the reference pair (heldout.jsonl)."""
+    by_width: dict[int, list[float]] = {}
+    for s in steps:
+        by_width.setdefault(s.verify_tokens - 1, []).append(s.verify_seconds)
+    measured = {k: statistics.median(v) for k, v in by_width.items()
+                if k < len(forward) and len(v) >= MIN_STEPS}
+    extra = statistics.median(measured[k] - forward[k] for k in measured) if measured else 0.0
+    return [measured.get(k, forward[k] + extra) for k in range(len(forward))]
 
 
 def _features_of(engine: Engine, tokens: list[int]) -> torch.Tensor | None:
