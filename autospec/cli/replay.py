@@ -28,8 +28,14 @@ DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema", HINDS
 @click.option("--warm-start", is_flag=True,
               help="Instead: steps the adaptive controller needs to reach steady state, cold "
                    "(a new process) vs warm (started from what the daemon learnt).")
+@click.option("--knobs", is_flag=True,
+              help="Instead: each controller knob at its default and switched off (the "
+                   "adaptive controller, over --seeds seeds, at --rows clients): its effect on "
+                   "replayed tokens/s against the seeds' spread.")
+@click.option("--seeds", default=5, show_default=True, type=click.IntRange(min=2),
+              help="Thompson-sampling seeds per setting for --knobs.")
 @trace_pair_option
-def replay(trace_path, controllers, rows, json_path, warm_start, pair):
+def replay(trace_path, controllers, rows, json_path, warm_start, knobs, seeds, pair):
     """Simulated tokens/s per controller and category, from the trace's recorded costs."""
     from autospec.bench.trace import Trace
     from autospec.method import parse_methods
@@ -37,6 +43,13 @@ def replay(trace_path, controllers, rows, json_path, warm_start, pair):
         trace = Trace.load(trace_path)
         if pair:
             check_trace_pair(trace, trace_path, pair)
+        if knobs:
+            from autospec.tune.knobs import audit, format_audit
+            audited = audit(trace, seeds, rows)
+            click.echo(format_audit(audited))
+            if json_path:
+                json_path.write_text(json.dumps(audited, indent=2) + "\n")
+            return
         if warm_start:
             from autospec.bench.warm_start import warm_vs_cold
             figures = warm_vs_cold(trace)

@@ -33,9 +33,10 @@ class ControllerSettings:
     # ~33 steps of memory
     discount: float = knob(0.97, "per-request evidence decay per step", "float",
                            low=0, high=1, low_open=True)
+    # > 0: with none, a drafter no request has drafted yet has Beta(0, 0), no distribution
     prior_strength: float = knob(
         4.0, "pseudo-observations a workload's pooled estimate is worth per position", "float",
-        low=0)
+        low=0, low_open=True)
     prior_discount: float = knob(0.995, "decay per step of the pooled per-workload estimates",
                                  "float", low=0, high=1, low_open=True)
     # a switch re-prefills a cache, and near-equal options must not thrash

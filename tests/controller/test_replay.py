@@ -225,6 +225,16 @@ def _replay_digests() -> dict[str, str]:
 
 
 PINNED_DIGESTS: dict[str, str] = {
+    'heldout.json adaptive': '1b7590c6e1916977',
+    'heldout.json adaptive:policies/default.yaml': '1b7590c6e1916977',
+    'heldout.json adaptive:policies/mixed.yaml': '20f1d41e093f8a90',
+    'heldout.json ctl:ema': '209c133caf495c4c',
+    'heldout.json ctl:fixed:ngram:3': '77663757065c52ec',
+    'heldout.json ctl:hf-heuristic': '6ff922a7a35c2180',
+    'heldout.json plain': '14b5231eecd24b66',
+    'heldout.json static:ngram:4': '7433d2e083db39c8',
+    'heldout.json tuned': 'a825e33f414197c6',
+    'heldout.json warm': '94c8baaa1a447d85',
     'mixed.json adaptive': 'c46dfa1d7c9feeb5',
     'mixed.json adaptive:policies/default.yaml': 'c46dfa1d7c9feeb5',
     'mixed.json adaptive:policies/mixed.yaml': 'ac8553f2e289b5bf',
