@@ -96,9 +96,11 @@ def _cached(kind: str, measure, remeasure: bool = False) -> dict:
             raise ValueError("not an object")
     except (OSError, ValueError):
         cached = {}
-    entry = cached.get(key)
-    if isinstance(entry, (int, float)):  # a cache written before it kept the recent ones
-        entry = {"gbs": float(entry), "measured_at": None, "recent": [float(entry)]}
+    # entries under "v2|KEY"; a bare KEY holds one float, as versions before kept it (and
+    # still read it: they must not meet a dict there)
+    entry = cached.get(f"v2|{key}")
+    if entry is None and isinstance(cached.get(key), (int, float)):
+        entry = {"gbs": float(cached[key]), "measured_at": None, "recent": [float(cached[key])]}
     if entry is not None and not remeasure:
         return {**entry, "source": "cache", "spread": _spread(entry["recent"])}
     now = measure()
@@ -110,7 +112,7 @@ def _cached(kind: str, measure, remeasure: bool = False) -> dict:
         entry = {**entry, "recent": recent}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**cached, key: entry}))
+        path.write_text(json.dumps({**cached, key: entry["gbs"], f"v2|{key}": entry}))
     except OSError:
         pass  # a read-only or full disk costs a re-measure next time, nothing else
     return {**entry, "source": "measured", "spread": _spread(recent), "this_run": now}
