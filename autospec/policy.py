@@ -24,6 +24,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -40,6 +41,11 @@ from autospec.drafters.base import check_drafter
 SCHEMA_VERSION = 1
 PolicyError = ConfigError  # one error type for every config file (autospec.configcheck)
 PRIOR_FIELD = "acceptance_mean"  # priors: {DRAFTER: {acceptance_mean: VALUE}}
+# controller fields a schema-1 file may still carry though the knob is gone: read, warned
+# about and ignored, so a policy kept in version control keeps loading
+RETIRED = {"hysteresis": "removed: with it on or off the controller's replayed tokens/s moved "
+                         "less than the seeds' spread (autospec replay TRACE --knobs)"}
+log = logging.getLogger("autospec.policy")
 
 
 def policy_knobs() -> dict[str, Knob]:
@@ -179,6 +185,10 @@ def _parameters(prefix: str, raw: dict) -> dict:
             continue
         where, value = prefix + key, raw[key]
         if key == "controller":
+            if isinstance(value, dict):
+                for name in RETIRED.keys() & value.keys():
+                    log.warning("%s.%s: %s; ignored", where, name, RETIRED[name])
+                value = {n: v for n, v in value.items() if n not in RETIRED}
             given = cc.mapping(where, value, tuple(controller))
             out[key] = {n: controller[n].check(f"{where}.{n}", v) for n, v in given.items()}
         elif key == "priors":

@@ -19,7 +19,7 @@ priors: {ngram: {acceptance_mean: 0.7}}
 workloads:
   copy-heavy:
     k_max: 12
-    controller: {hysteresis: 0.1}
+    controller: {explore_pooled: 8.0}
     priors: {ngram: {acceptance_mean: 0.9}}
   completion:
     drafters: [draft-model]
@@ -48,10 +48,19 @@ def test_default_policy_is_the_code_defaults():
     assert parse_policy("schema_version: 1").policy_hash == policy.policy_hash  # nothing but defaults
 
 
+def test_a_retired_field_is_read_warned_about_and_ignored(caplog):
+    """A policy kept in version control that still sets a knob since removed keeps loading."""
+    with caplog.at_level("WARNING", logger="autospec.policy"):
+        policy = parse_policy("schema_version: 1\ncontroller: {hysteresis: 0.2, discount: 0.9}")
+    assert policy.to_settings().discount == 0.9
+    assert "controller.hysteresis: removed" in caplog.text and "ignored" in caplog.text
+    assert policy.policy_hash == parse_policy("schema_version: 1\ncontroller: {discount: 0.9}").policy_hash
+
+
 def test_workload_overrides_merge_field_by_field(tmp_path):
     policy = load_policy(write(tmp_path, TUNED))
     copy = policy.to_settings("copy-heavy")
-    assert (copy.k_max, copy.hysteresis, copy.discount, copy.thompson) == (12, 0.1, 0.9, False)
+    assert (copy.k_max, copy.explore_pooled, copy.discount, copy.thompson) == (12, 8.0, 0.9, False)
     assert policy.resolve("copy-heavy").prior_means["ngram"] == 0.9
     assert policy.resolve("copy-heavy").prior_means["draft-model"] == 0.5  # base's default kept
     assert policy.to_settings("completion").drafters == ("draft-model",)
@@ -82,7 +91,7 @@ def test_hash_ignores_form_and_provenance_but_not_values():
     ("schema_version: 1\ncontroller: {discout: 0.9}",
      "controller.discout: unknown field (did you mean 'discount'? accepted: "
      "cost_stale_steps, counterfactual, "
-     "discount, explore_pooled, hysteresis, "
+     "discount, explore_pooled, "
      "prior_discount, prior_strength, regimes, step_cap, thompson)"),
     ("schema_version: 1\nworkloads: {copy-heavy: {k_max: 100}}",
      "workloads.copy-heavy.k_max: expected an integer in [1, 64], got 100"),

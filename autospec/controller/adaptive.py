@@ -7,8 +7,8 @@ cost models (draft seconds per token, the batch-1 verify line, the batch line) a
 Each step, one decision for the step's B >= 1 rows (`decide`, docs/controller.md):
 look-ups first (a look-up drafter's proposal bounds its K; no match, not that drafter this
 step); each row's
-drafter by Thompson sampling at its share of the step, with hysteresis (a switch re-prefills
-a cache); then every row's K together for the step's goodput, from the posterior means
+drafter by Thompson sampling at its share of the step (a switch to a drafter with a cache
+priced by its prefill); then every row's K together for the step's goodput, from the posterior means
 (controller/batch.py). After each step: the chosen drafter's estimate and, counterfactually,
 every look-up drafter's: once the target has verified the tokens, what a look-up drafter
 (`Drafter.peekable`: n-gram, suffix, a registered one) proposed at decide costs microseconds
@@ -158,7 +158,7 @@ class AdaptiveController(Controller):
         1. each row's look-ups (`step.peek(row, drafter, k)`, which the step reuses): how far
            each look-up drafter can draft;
         2. each row's drafter at its share of the step (`Prices.shares`), under Thompson
-           draws, with hysteresis;
+           draws;
         3. every row's K together for the step's goodput (controller/batch.py `batch_ks`):
            a confident row speculates while the others decode plain; a row whose drafter
            gets K = 0 there drafts a look-up drafter's proposal where one has any.
@@ -267,8 +267,7 @@ class AdaptiveController(Controller):
         context = len(request.tokens)
         switch_s = [0.0 if d in state.used else
                     self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
-        index = choose_drafter(draws, draft_s, shares, limits, state.current,
-                               self.settings.hysteresis, switch_s)
+        index = choose_drafter(draws, draft_s, shares, limits, switch_s)
         return None if index == PLAIN else names[index]
 
     def _explore(self, state: _RequestState, drafter: str) -> tuple[list, list] | None:

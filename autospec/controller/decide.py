@@ -36,9 +36,9 @@ def best_k(alphas, draft_seconds: float, verify: list[float], k_limit: int,
 
 
 def choose_drafter(draws, draft_seconds: list[float], verify: list[float], limits: list[int],
-                   current: int | None, hysteresis: float, switch_seconds: list[float]) -> int:
-    """Steps 1-2 of `decide_step`: the drafter index with the best expected rate under the
-    draws (PLAIN when none beats plain decoding), kept at `current` within `hysteresis`.
+                   switch_seconds: list[float]) -> int:
+    """Step 1 of `decide_step`: the drafter index with the best expected rate under the
+    draws (PLAIN when none beats plain decoding), a switch priced by `switch_seconds`.
     All arguments Python lists (verify: K_max+1 floats; limits: positions each can draft)."""
     plain_rate = 1.0 / verify[0]
     best_rates = [best_k(row, seconds, verify, limit, switch)[0] if limit > 0 else 0.0
@@ -46,30 +46,22 @@ def choose_drafter(draws, draft_seconds: list[float], verify: list[float], limit
                                                          switch_seconds)]
     winner = max(range(len(best_rates)), key=best_rates.__getitem__)
     winner_rate = best_rates[winner]
-    if winner_rate <= plain_rate:
-        winner, winner_rate = PLAIN, plain_rate
-    if current is not None and current != winner:
-        kept = plain_rate if current == PLAIN else max(best_rates[current], plain_rate)
-        if kept * (1 + hysteresis) >= winner_rate:
-            winner = current
-    return winner
+    return PLAIN if winner_rate <= plain_rate else winner
 
 
-def decide_step(draws, means, draft_seconds, verify_seconds, k_limit: int, current: int | None,
-                hysteresis: float, switch_seconds=None, available=None) -> tuple[int, int]:
+def decide_step(draws, means, draft_seconds, verify_seconds, k_limit: int, switch_seconds=None,
+                available=None) -> tuple[int, int]:
     """One row's decision over D drafters, as (drafter index or PLAIN, k): what
     AdaptiveController.decide_batch does for a batch of one, on arrays.
 
     draws: (D, K_max) acceptance drawn from each drafter's posterior (Thompson), or the means;
     means: (D, K_max) posterior means; draft_seconds: (D,) per drafted token;
-    verify_seconds: (K_max+1,); current: the drafter index in use (PLAIN, or None at start);
-    switch_seconds: (D,) the one-off cost of starting each drafter now (prefilling its cache
+    verify_seconds: (K_max+1,); switch_seconds: (D,) the one-off cost of starting each drafter now (prefilling its cache
     with the context), already spread over the rounds it would serve; 0 for one in use;
     available: (D,) positions each drafter can draft this step (a look-up's proposal length;
     0: no option); None: all. Arrays or lists.
     1. the drafter: the best expected rate under the draws, plain decoding included;
-    2. hysteresis: keep `current` while its best rate is within `hysteresis` of the winner's;
-    3. K for that drafter from the means (changing K costs nothing: no exploration there),
+    2. K for that drafter from the means (changing K costs nothing: no exploration there),
        the step's goodput optimum (batch.batch_ks), or plain decoding when no K beats it."""
     from autospec.controller.batch import Prices, batch_ks
     verify = _floats(verify_seconds)
@@ -81,7 +73,7 @@ def decide_step(draws, means, draft_seconds, verify_seconds, k_limit: int, curre
     draws = _floats(draws)
     switch = [0.0] * d if switch_seconds is None else _floats(switch_seconds)
     limits = [min(k_limit, len(draws[i]) if available is None else available[i]) for i in range(d)]
-    winner = choose_drafter(draws, draft_seconds, verify, limits, current, hysteresis, switch)
+    winner = choose_drafter(draws, draft_seconds, verify, limits, switch)
     if winner == PLAIN:
         return PLAIN, 0
     prices = Prices(1, verify[0], 0.0, verify, verify, verify[0])

@@ -39,9 +39,6 @@ class ControllerSettings:
         low=0, low_open=True)
     prior_discount: float = knob(0.995, "decay per step of the pooled per-workload estimates",
                                  "float", low=0, high=1, low_open=True)
-    # a switch re-prefills a cache, and near-equal options must not thrash
-    hysteresis: float = knob(0.05, "keep the current drafter unless the best is this fraction "
-                                   "faster", "float", low=0, high=1)
     thompson: bool = knob(True, "Thompson sampling on the drafter choice (else posterior means)",
                           "bool")
     counterfactual: bool = knob(True, "score what the look-up drafters proposed when another "

@@ -25,7 +25,6 @@ NEUTRAL = {
     "discount": 1.0,  # a request's evidence never decays
     "prior_strength": 0.1,  # the pooled per-workload prior worth a tenth of an observation
     "prior_discount": 1.0,  # the pooled estimates never decay
-    "hysteresis": 0.0,  # switch drafter whenever another looks faster
     "thompson": False,  # posterior means, no sampling
     "counterfactual": False,  # look-ups scored only when they ran
     "regimes": False,  # one estimate whatever the last draft did

@@ -177,7 +177,7 @@ def test_a_batch_step_s_overhead_is_learnt_once_per_step_per_row():
 
 def test_a_row_that_went_plain_for_want_of_a_match_drafts_at_the_next_match():
     """A row whose n-gram had no match went plain: it must not sit out the next steps that
-    have one (the hysteresis holds drafters, not plain decoding, against a new match)."""
+    have one."""
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",)))
     controller.costs.observe_verify(1, 0.01)  # a plain step measured: decisions may begin
     no_match = row("r", [1, 2, 3, 4], 4, "w")
