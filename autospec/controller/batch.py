@@ -161,6 +161,9 @@ class BatchCost:
     is tried where it might pay and its cost measured — the other end priced the reference
     pair's rows plain at 4 and 16 rows (0.92x, 0.81x plain) where n-gram pays 2.6x, 1.45x."""
 
+    # forgetting and anchor_weight: replay cannot judge them (its step costs follow the
+    # trace's line exactly, so any estimator converges: 0.9-1.0 and 0.5-16 moved nothing); they
+    # weigh live noise, which replay does not have
     def __init__(self, forgetting: float = 0.98, anchor_weight: float = 4.0):
         self.forgetting = forgetting
         self.anchor_weight = anchor_weight
