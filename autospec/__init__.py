@@ -23,10 +23,11 @@ __version__ = "0.1.0"
 _pairs: dict = {}
 
 
-def load(target: str | None = None, draft: str | None = None, dtype: str = "float32", *,
+def load(target: str | None = None, draft: str | None = None, weights: str = "float32", *,
          pair: str | None = None):
     """An Engine over a named pair ("reference", the default, or "smollm2"; see
-    autospec/models/pairs.py) or over target + draft paths, cached per process."""
+    autospec/models/pairs.py) or over target + draft paths, at weight format `weights`
+    (float32, bfloat16 or int4: autospec/models/weights.py), cached per process."""
     from autospec.engine.loop import Engine
     from autospec.engine.request import freeze_heap
     from autospec.models.pair import ModelLoadError, load_pair
@@ -36,21 +37,21 @@ def load(target: str | None = None, draft: str | None = None, dtype: str = "floa
             raise ModelLoadError(f"pair={pair!r} names both models: give pair or target/draft, "
                                  f"not both")
         named_pair(pair)  # unknown names fail here, listing the known ones
-    key = (target, draft, dtype, pair)
+    key = (target, draft, weights, pair)
     if key not in _pairs:
-        models = load_named_pair(pair, dtype) if pair else load_pair(target, draft, dtype)
+        models = load_named_pair(pair, weights) if pair else load_pair(target, draft, weights)
         _pairs[key] = Engine(models)
         freeze_heap()  # cached for the process: out of the collector's walks (engine/request.py)
     return _pairs[key]
 
 
 def generate(prompt, *, target: str | None = None, draft: str | None = None,
-             pair: str | None = None, **options):
+             pair: str | None = None, weights: str = "float32", **options):
     """One completion; options as Engine.generate (drafter, k, max_new_tokens, temperature,
     top_k, top_p, seed, controller, on_tokens). `prompt` is text, token ids, or a chat: a list of
     {"role", "content"} messages, rendered with the target's chat template. Returns a
     Generation (text, token_ids, telemetry)."""
-    engine = load(target, draft, pair=pair)
+    engine = load(target, draft, weights, pair=pair)
     if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
         from autospec.models.chat import encode_chat
         prompt = encode_chat(engine.models, prompt)

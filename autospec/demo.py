@@ -75,7 +75,7 @@ def complete(url: str, prompt, max_tokens: int, method: str, workload: str) -> t
 
 
 def run_demo(prompts, max_tokens: int, db: str | None, target: str | None, draft: str | None,
-             echo=print, progress=None, pair: str | None = None) -> dict:
+             echo=print, progress=None, pair: str | None = None, weights: str | None = None) -> dict:
     """Run everything; returns {category: {method: Tally}} and writes nothing but the store."""
     env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="autospec-demo-") as tmp:
@@ -85,7 +85,8 @@ def run_demo(prompts, max_tokens: int, db: str | None, target: str | None, draft
             daemon_args += ["--db", db]
         serve_args = ["serve", "--port", "0", "--daemon", f"unix:{tmp / 'daemon.sock'}",
                       "--params-interval", "2"]
-        for flag, value in (("--pair", pair), ("--target", target), ("--draft", draft)):
+        for flag, value in (("--pair", pair), ("--target", target), ("--draft", draft),
+                            ("--weights", weights)):
             if value:
                 serve_args += [flag, value]
         daemon = serve = None

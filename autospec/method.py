@@ -12,6 +12,8 @@
                                  controller/baselines.py DEFAULT_BATCH_TABLE)
     hf:generate                  transformers' own generate() (bench only)
     hf:assisted[:K], hf:prompt-lookup[:K], hf:early-exit[:K]   its assisted generation, K = 4
+    llamacpp:plain, llamacpp:prompt-lookup[:K]   llama.cpp on the pair's GGUF (bench only;
+                                 bench/llamacpp.py), K = 4
     oracle, oracle-per-category  picked afterwards from a bench run's static methods
 
 `parse_method` turns the text into a frozen `Method`; everything after reads its fields.
@@ -31,14 +33,14 @@ _HF = ("generate", "assisted", "prompt-lookup", "early-exit")
 ORACLES = ("oracle", "oracle-per-category")
 KNOWN = ("plain, static:DRAFTER:K, adaptive, adaptive:POLICY.yaml, ctl:fixed[:DRAFTER:K], "
          "ctl:hf-heuristic[:DRAFTER], ctl:ema[:DRAFTER], ctl:batch-table[:DRAFTER[:TABLE]], "
-         "hf:generate, hf:assisted[:K], hf:prompt-lookup[:K], hf:early-exit[:K], oracle, "
-         "oracle-per-category")
+         "hf:generate, hf:assisted[:K], hf:prompt-lookup[:K], hf:early-exit[:K], "
+         "llamacpp:plain, llamacpp:prompt-lookup[:K], oracle, oracle-per-category")
 
 
 @dataclass(frozen=True)
 class Method:
     spec: str  # as written: the key in bench's JSON and serve's responses
-    kind: str  # "plain" | "static" | "adaptive" | "ctl" | "hf" | "oracle"
+    kind: str  # "plain" | "static" | "adaptive" | "ctl" | "hf" | "llamacpp" | "oracle"
     drafter: str | None = None  # static, ctl
     k: int | None = None  # static, ctl:fixed, hf (draft tokens per step)
     baseline: str | None = None  # ctl: fixed | hf-heuristic | ema; hf: generate | assisted |
@@ -110,6 +112,11 @@ def parse_method(text: str) -> Method:
     if parts[0] == "hf" and len(parts) in (2, 3) and parts[1] in _HF[1:]:
         k = _k(parts[2], text) if len(parts) == 3 else HF_DEFAULT_K
         return Method(text, "hf", k=k, baseline=parts[1])
+    if text == "llamacpp:plain":
+        return Method(text, "llamacpp", baseline="plain")
+    if parts[0] == "llamacpp" and len(parts) in (2, 3) and parts[1] == "prompt-lookup":
+        k = _k(parts[2], text) if len(parts) == 3 else HF_DEFAULT_K
+        return Method(text, "llamacpp", k=k, baseline="prompt-lookup")
     raise ValueError(f"unknown method '{text}' (known: {KNOWN})")
 
 

@@ -23,6 +23,7 @@ from autospec.bench.roofline import peaks, roofline
 from autospec.controller.formulas import speedup
 from autospec.engine.loop import Engine
 from autospec.method import Method, parse_method
+from autospec.models.weights import format_of
 from autospec.telemetry import acceptance_per_position
 
 OVERALL = "overall"
@@ -118,12 +119,29 @@ class Measurements:
     steps: dict = field(default_factory=lambda: defaultdict(list))  # method -> (category, StepRecord)
 
 
-def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str], repeats: int = 1,
-              max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
+def run_bench(engine: Engine | dict[str, Engine], prompts: list[Prompt],
+              methods: list[Method | str], repeats: int = 1, max_new_tokens: int = 128,
+              temperature: float = 0.0, seed: int = 0,
               progress: Callable[[str], None] | None = None) -> dict:
+    """`engine`, or one engine per weight format ({format: Engine}, models/weights.py): with
+    several, every method runs at every format, interleaved, keyed METHOD@FORMAT, each
+    compared with plain at its own format; speedups are against plain at the first format,
+    and the costs measured (v, c, alpha, roofline) are the first format's."""
+    engines = engine if isinstance(engine, dict) else {"": engine}
+    suffixes = {w: f"@{w}" if len(engines) > 1 else "" for w in engines}
+    first = next(iter(engines))
+    engine = engines[first]
     methods = [m if isinstance(m, Method) else parse_method(m) for m in methods]
-    # results are keyed by the method as written (the JSON's keys)
-    runners = {m.spec: make_runner(m, engine) for m in methods if m.kind != "oracle"}
+    # results are keyed by the method as written (the JSON's keys), with its format
+    runners, plain_of = {}, {}
+    for w, suffix in suffixes.items():
+        for m in methods:
+            if m.kind == "llamacpp":  # its own format, whatever --weights: run once
+                if w == first:
+                    runners[m.spec], plain_of[m.spec] = make_runner(m, engines[w]), "llamacpp:plain"
+            elif m.kind != "oracle":
+                runners[m.spec + suffix] = make_runner(m, engines[w])
+                plain_of[m.spec + suffix] = "plain" + suffix
     measured = list(runners)
     tok = engine.models.tokenizer
     encoded = {p.id: prompt_ids(engine, p) for p in prompts}
@@ -155,35 +173,53 @@ def run_bench(engine: Engine, prompts: list[Prompt], methods: list[Method | str]
             if progress:
                 progress(f"repeat {r + 1}/{repeats}, prompt {r * len(prompts) + i + 1}/{total}: {p.id}")
     categories = sorted({p.category for p in prompts})
-    report = {"methods": {}, "measured": measure_costs(data, engine),
+    base = _one_format(data, suffixes[first])  # the first format's runs, keyed as one format's
+    report = {"methods": {}, "measured": measure_costs(base, engine),
               "models": _models(engine), "machine": machine,
               "settings": {"repeats": repeats, "max_new_tokens": max_new_tokens,
                            "temperature": temperature, "seed": seed, "prompts": len(prompts),
                            "categories": categories}}
+    if len(engines) > 1:
+        report["settings"]["weights"] = list(engines)
+        report["models"]["weights"] = {w: _models(e) for w, e in engines.items()}
     greedy = temperature == 0
     for m in measured:
-        same = all(data.outputs[m][p.id] == data.outputs["plain"][p.id] for p in prompts) if greedy else None
+        plain = data.outputs[plain_of[m]] if plain_of[m] in data.outputs else None
+        same = (all(data.outputs[m][p.id] == plain[p.id] for p in prompts)
+                if greedy and plain is not None else None)
         report["methods"][m] = _stats_for(data.cells[m], categories, repeats, same)
         if m.startswith(("adaptive", "ctl:")):
             report["methods"][m]["choices"] = choice_shares(s for _, s in data.steps[m])
-    _add_speedups(report, categories)
+    plain_key = "plain" + suffixes[first]
+    _add_speedups(report, categories, plain_key)
     for m in methods:
         if m.kind == "oracle":
             report["methods"][m.spec] = _oracle(report, data, categories, repeats,
                                                 per_category=m.baseline != "oracle")
-    _add_speedups(report, categories)
+    _add_speedups(report, categories, plain_key)
     # theory from the static runs only: in adaptive runs deep positions are drafted only when
     # acceptance runs hot, which would bias alpha upwards (acceptance is bursty)
     static = Measurements()
-    static.steps.update({m: s for m, s in data.steps.items() if m == "plain" or m.startswith("static:")})
-    static.cells.update({m: c for m, c in data.cells.items() if m == "plain"})
+    static.steps.update({m: s for m, s in base.steps.items() if m == "plain" or m.startswith("static:")})
+    static.cells.update({m: c for m, c in base.cells.items() if m == "plain"})
     report["measured_static"] = measure_costs(static, engine)
     report["theoretical"] = theoretical_best(report["measured_static"])
-    report["predicted_static"] = predicted_static(report)
-    report["sample_outputs"] = {p.id: tok.decode(data.outputs["plain"][p.id]) for p in prompts[:3]}
-    report["roofline"] = roofline([s for steps in data.steps.values() for _, s in steps],
+    report["predicted_static"] = predicted_static(report) if len(engines) == 1 else {}
+    report["sample_outputs"] = {p.id: tok.decode(base.outputs["plain"][p.id]) for p in prompts[:3]}
+    report["roofline"] = roofline([s for steps in base.steps.values() for _, s in steps],
                                   engine.models.target, *peaks(engine.models.target))
     return report
+
+
+def _one_format(data: Measurements, suffix: str) -> Measurements:
+    """The runs at one format (keys ending in `suffix`), keyed without it."""
+    if not suffix:
+        return data
+    out = Measurements()
+    for name in ("cells", "outputs", "steps"):
+        getattr(out, name).update({m[:-len(suffix)]: v for m, v in getattr(data, name).items()
+                                   if m.endswith(suffix)})
+    return out
 
 
 def choice_shares(steps) -> dict:
@@ -237,8 +273,8 @@ def _stats_for(by_category: dict, categories: list[str], repeats: int, same) -> 
     return {OVERALL: cell_stats(overall, same), "by_category": per_cat}
 
 
-def _add_speedups(report: dict, categories: list[str]) -> None:
-    plain = report["methods"]["plain"]
+def _add_speedups(report: dict, categories: list[str], plain_key: str = "plain") -> None:
+    plain = report["methods"][plain_key]
     for stats in report["methods"].values():
         stats[OVERALL]["speedup_vs_plain"] = _ratio(stats[OVERALL], plain[OVERALL])
         for c in categories:
@@ -381,6 +417,7 @@ def _models(engine: Engine) -> dict:
             "target_params": sum(p.numel() for p in m.target.parameters()),
             "draft_params": own_params(m.draft, m.target) if m.draft else None,
             "dtype": str(next(m.target.parameters()).dtype).replace("torch.", ""),
+            "weights": format_of(m.target),
             "exit_layer": m.default_exit_layer}
 
 

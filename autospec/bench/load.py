@@ -131,6 +131,17 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
     return out
 
 
+def merge_formats(by_format: dict[str, dict]) -> dict:
+    """run_load's results at several weight formats as one, methods keyed METHOD@FORMAT (each
+    compared with plain at its own format); a level's roofline is the first format's."""
+    out: dict = {}
+    for w, levels in by_format.items():
+        for level, entry in levels.items():
+            merged = out.setdefault(level, {"methods": {}, "roofline": entry["roofline"]})
+            merged["methods"].update({f"{spec}@{w}": stats for spec, stats in entry["methods"].items()})
+    return out
+
+
 def _run(batch: Engine, jobs: list[Job], controller) -> LoadRun:
     run = LoadRun([], [], 0.0)
     last: dict[str, float] = {}

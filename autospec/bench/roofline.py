@@ -28,14 +28,17 @@ SHAPES = 8  # the most frequent forward shapes reported
 def forward_bound(model: nn.Module, rows: int, tokens: int, context: int, copy_gbs: float,
                   matmul_gflops: float) -> dict:
     """The roofline of one forward (module docstring): its bytes, FLOPs and bound seconds."""
-    element = next(model.parameters()).element_size()
-    weights = weight_bytes(model)
+    weights = weight_bytes(model)  # as stored: 4, 2 or ~0.6 bytes a weight (models/weights.py)
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    products = sum(p.numel() for p in model.parameters())  # each multiplied once per query
+    if embedding is not None and getattr(head, "weight", None) is not embedding.weight:
+        products -= embedding.weight.numel()
     kv = kv_bytes_per_token(model)
     moved = weights + rows * (context + tokens) * kv
     layers, _, head_dim = kv_shape(model)
     heads = model.config.num_attention_heads
     queries = rows * tokens
-    flops = 2 * (weights // element) * queries + 4 * layers * heads * head_dim * queries * (context + tokens)
+    flops = 2 * products * queries + 4 * layers * heads * head_dim * queries * (context + tokens)
     memory_s, compute_s = moved / (copy_gbs * 1e9), flops / (matmul_gflops * 1e9)
     return {"bytes": moved, "flops": flops, "bound_s": max(memory_s, compute_s),
             "limit": "memory" if memory_s >= compute_s else "compute"}

@@ -30,11 +30,13 @@ def format_table(report: dict) -> str:
             top = {what: ", ".join(f"{key} {v:.0%}" for key, v in list(shares.items())[:5])
                    for what, shares in choices.items()}
             lines += ["", f"{name} chose drafters {top['drafters']}; K {top['k']}"]
-    plain, peak = report["methods"].get("plain"), report["machine"].get("peak_bandwidth_gbs")
-    if plain and plain[OVERALL].get("bandwidth_gbs") and peak:
-        gbs = plain[OVERALL]["bandwidth_gbs"]
-        lines += ["", f"plain decoding read {gbs:.1f} GB/s of weights + KV = {gbs / peak:.0%} of "
-                      f"this machine's measured copy peak ({peak:.1f} GB/s{_peak_note(report)})"]
+    peak = report["machine"].get("peak_bandwidth_gbs")
+    for name, plain in report["methods"].items():  # plain, or plain@FORMAT for each format
+        if name.split("@")[0] == "plain" and plain[OVERALL].get("bandwidth_gbs") and peak:
+            gbs = plain[OVERALL]["bandwidth_gbs"]
+            lines += ["", f"{name} read {gbs:.1f} GB/s of weights + KV (as stored) = "
+                          f"{gbs / peak:.0%} of this machine's measured copy peak "
+                          f"({peak:.1f} GB/s{_peak_note(report)})"]
     line = format_roofline(report.get("roofline") or [], ", one row")
     if line:
         peak_flops = report["machine"].get("peak_matmul_gflops")

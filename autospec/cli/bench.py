@@ -8,14 +8,25 @@ from pathlib import Path
 import click
 
 from autospec.cli.options import (check_pair_args, draft_option, drafter_options_option,
-                                  dtype_option, load_engine, pair_option, prefill_chunk_option,
-                                  target_option, write_report)
+                                  load_engine, pair_option, prefill_chunk_option, target_option,
+                                  write_report)
+from autospec.models import FORMATS
 
 DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ngram:8,"
                    "static:draft-model:1,static:draft-model:2,static:draft-model:4,"
                    "static:draft-model:8,static:early-exit:1,static:early-exit:2,"
                    "static:early-exit:4,static:early-exit:8,hf:generate,hf:assisted:4,"
                    "hf:prompt-lookup:4,hf:early-exit:4,adaptive,oracle,oracle-per-category")
+
+
+def _formats(ctx, param, value: str) -> list[str]:
+    """--weights: one format or a comma-separated list of them."""
+    chosen = [w.strip() for w in value.split(",") if w.strip()]
+    bad = [w for w in chosen if w not in FORMATS]
+    if bad or not chosen:
+        raise click.BadParameter(f"unknown weight format '{(bad or [value])[0]}' (accepted: "
+                                 f"{', '.join(FORMATS)}, or a comma-separated list of them)")
+    return list(dict.fromkeys(chosen))
 
 
 def _parsed(module: str, parse: str):
@@ -80,11 +91,15 @@ def _parsed(module: str, parse: str):
 @target_option
 @draft_option
 @prefill_chunk_option
-@dtype_option
+@click.option("--weights", default="float32", show_default=True, callback=_formats,
+              metavar="FORMAT[,FORMAT...]",
+              help=f"Weight format ({', '.join(FORMATS)}) of the target and every drafter; a "
+                   f"list runs every method at each, interleaved, keyed METHOD@FORMAT, each "
+                   f"compared with plain at its own format (docs/weights.md).")
 @drafter_options_option
 def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, limit, json_path,
           record_path, record_k_max, concurrency, plot_path, schedule, rows, engine_name, k_limit,
-          prefill_chunk, pair, target, draft, dtype, drafter_options):
+          prefill_chunk, pair, target, draft, weights, drafter_options):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
     from autospec.bench.harness import load_prompts, run_bench
     from autospec.bench.table import format_table
@@ -103,11 +118,16 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
         seen: dict[str, int] = {}
         prompts = [p for p in prompts if seen.setdefault(p.category, 0) < limit
                    and not seen.__setitem__(p.category, seen[p.category] + 1)]
-    engine = load_engine(target, draft, dtype, pair, drafter_options)
+    if len(weights) > 1 and (engine_name == "vllm" or schedule or record_path):
+        raise click.UsageError("a list of --weights runs our engine's methods at each format; "
+                               "--engine vllm, --arrivals and --record take one format")
+    engines = {w: load_engine(target, draft, w, pair, drafter_options) for w in weights}
+    engine = engines[weights[0]]
     if engine_name == "vllm":
         from autospec.cli.bench_vllm import bench_vllm
         return bench_vllm(engine, prompts, methods, DEFAULT_METHODS, k_limit, concurrency or [1],
-                          repeats, max_new_tokens, temperature, seed, dtype, pair, target,
+                          repeats, max_new_tokens, temperature, seed,
+                          "bfloat16" if weights[0] == "int4" else weights[0], pair, target,
                           prompts_path, schedule, rows, record_path, plot_path, json_path)
     available = engine.models.available_drafters()
     skipped = [m for m in method_list if not set(m.needs_drafters) <= set(available)]
@@ -118,16 +138,20 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
         click.echo(f"{engine.models.key} has no draft model: skipping "
                    f"{', '.join(map(str, skipped))}", err=True)
     try:
-        report = run_bench(engine, prompts, method_list, repeats, max_new_tokens, temperature,
-                           seed, progress=lambda m: click.echo(m, err=True))
+        report = run_bench(engines if len(engines) > 1 else engine, prompts, method_list,
+                           repeats, max_new_tokens, temperature, seed,
+                           progress=lambda m: click.echo(m, err=True))
         report["settings"].update(pair=engine.models.key, workload=Path(
             prompts_path or named_pair(pair or DEFAULT_PAIR).workload("bench")).stem)
         if concurrency:
-            from autospec.bench.load import run_load, runs_under_load
-            report["by_concurrency"] = run_load(engine, prompts, method_list, concurrency,
-                                                max_new_tokens, temperature, seed, repeats,
-                                                progress=lambda m: click.echo(m, err=True),
-                                                prefill_chunk=prefill_chunk or None)
+            from autospec.bench.load import merge_formats, run_load, runs_under_load
+            by_format = {w: run_load(e, prompts, method_list, concurrency, max_new_tokens,
+                                     temperature, seed, repeats,
+                                     progress=lambda m: click.echo(m, err=True),
+                                     prefill_chunk=prefill_chunk or None)
+                         for w, e in engines.items()}
+            report["by_concurrency"] = (by_format[weights[0]] if len(weights) == 1
+                                        else merge_formats(by_format))
             report["settings"]["concurrency"] = concurrency
             report["settings"]["not_under_load"] = [m.spec for m in method_list
                                                     if not runs_under_load(m)]

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from autospec.cli.options import check_pair_args, draft_option, pair_option, target_option
+from autospec.cli.options import (check_pair_args, draft_option, pair_option, target_option,
+                                  weights_option)
 
 
 @click.command()
@@ -23,7 +24,8 @@ from autospec.cli.options import check_pair_args, draft_option, pair_option, tar
 @pair_option
 @target_option
 @draft_option
-def demo(prompts_path, limit, max_tokens, db, pair, target, draft):
+@weights_option
+def demo(prompts_path, limit, max_tokens, db, pair, target, draft, weights):
     """Start a daemon and a server, drive a workload through them, show what was chosen."""
     import os
 
@@ -51,7 +53,8 @@ def demo(prompts_path, limit, max_tokens, db, pair, target, draft):
 
     try:
         outcome = run_demo(prompts, max_tokens, db or os.environ.get("AUTOSPEC_DB"), target,
-                           draft, echo=lambda m: bar.write(m), progress=progress, pair=pair)
+                           draft, echo=lambda m: bar.write(m), progress=progress, pair=pair,
+                           weights=weights)
     except KeyboardInterrupt:
         bar.close()
         click.echo("interrupted: daemon and server stopped", err=True)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from autospec.cli.options import draft_option, dtype_option, load_engine, pair_option, target_option
+from autospec.cli.options import draft_option, weights_option, load_engine, pair_option, target_option
 
 
 @click.command()
@@ -27,9 +27,9 @@ from autospec.cli.options import draft_option, dtype_option, load_engine, pair_o
 @pair_option
 @target_option
 @draft_option
-@dtype_option
+@weights_option
 def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed, as_json,
-             chat, pair, target, draft, dtype):
+             chat, pair, target, draft, weights):
     """Generate a completion with speculative decoding."""
     from autospec.drafters.base import known_drafters
     from autospec.engine.bandwidth import peak_bandwidth_gbs
@@ -43,7 +43,7 @@ def generate(prompt, drafter, k, max_new_tokens, temperature, top_k, top_p, seed
     if drafter not in (None, AUTO) and k <= 0:
         raise click.BadParameter(f"k must be >= 1, got {k} (for plain decoding use --drafter none)",
                                  param_hint="--k")
-    engine = load_engine(target, draft, dtype, pair)
+    engine = load_engine(target, draft, weights, pair)
     if chat:
         from autospec.models.chat import encode_chat
         from autospec.models.pairs import not_a_chat_model

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from autospec.models import FORMATS
 from autospec.models.pairs import PAIRS
 
 # chunked prefill's tokens a step (bench, serve): a 64-token prefill forward costs about one
@@ -80,9 +81,11 @@ prefill_chunk_option = click.option(
     metavar="TOKENS",
     help="Prefill a joining prompt this many tokens a step while the other rows decode "
          "(chunked prefill: no step waits for a whole long prompt); 0: whole, at once.")
-dtype_option = click.option("--dtype", default="float32", show_default=True,
-                            type=click.Choice(["float32", "bfloat16", "float16"]),
-                            help="Compute dtype (float32 keeps greedy output token-identical).")
+weights_option = click.option(
+    "--weights", default="float32", show_default=True, type=click.Choice(FORMATS),
+    help="Weight format of the target and every drafter: float32; bfloat16; int4 (4-bit "
+         "blocks of 32 with bfloat16 activations; a GGUF pair's own blocks). Speculative "
+         "output is identical to plain decoding at the same format. docs/weights.md.")
 
 
 def check_pair_args(pair, target, draft) -> None:
@@ -93,7 +96,7 @@ def check_pair_args(pair, target, draft) -> None:
                                f"--target/--draft, not {given} with it")
 
 
-def load_engine(target, draft, dtype, pair=None, drafter_options: dict | None = None):
+def load_engine(target, draft, weights, pair=None, drafter_options: dict | None = None):
     """Engine or a ClickException naming what is wrong (no traceback for bad input)."""
     from autospec.engine.loop import Engine
     from autospec.engine.request import freeze_heap
@@ -101,7 +104,7 @@ def load_engine(target, draft, dtype, pair=None, drafter_options: dict | None = 
     from autospec.models.pairs import load_named_pair
     check_pair_args(pair, target, draft)
     try:
-        models = load_named_pair(pair, dtype) if pair else load_pair(target, draft, dtype)
+        models = load_named_pair(pair, weights) if pair else load_pair(target, draft, weights)
     except ModelLoadError as exc:
         raise click.ClickException(str(exc)) from None
     engine = Engine(models, drafter_options)

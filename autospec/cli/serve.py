@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from autospec.cli.options import (draft_option, dtype_option, load_engine, pair_option,
+from autospec.cli.options import (draft_option, weights_option, load_engine, pair_option,
                                   prefill_chunk_option, target_option)
 from autospec.serve.openai import TENANT_FIELDS
 
@@ -15,7 +15,7 @@ from autospec.serve.openai import TENANT_FIELDS
 @pair_option
 @target_option
 @draft_option
-@dtype_option
+@weights_option
 @click.option("--daemon", "daemon_url", default=None, metavar="URL",
               help="The daemon: unix:PATH or http://HOST:PORT. Default: none (no telemetry).")
 @click.option("--token", default=None, envvar="AUTOSPEC_DAEMON_TOKEN", show_envvar=True,
@@ -52,7 +52,7 @@ from autospec.serve.openai import TENANT_FIELDS
 @prefill_chunk_option
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name, params_interval,
+def serve(host, port, pair, target, draft, weights, daemon_url, token, model_name, params_interval,
           buffer_limit, no_share, share_outputs, tenant_field, max_batch, max_queue, api_keys,
           api_key_file, prefill_chunk, log_level):
     """OpenAI /v1/completions and /v1/chat/completions (with SSE streaming) on the engine and
@@ -78,7 +78,7 @@ def serve(host, port, pair, target, draft, dtype, daemon_url, token, model_name,
         raise click.UsageError("--share-outputs shares through the daemon: it needs --daemon "
                                "and not --no-share")
     configure_logging(log_level)
-    engine = load_engine(target, draft, dtype, pair,
+    engine = load_engine(target, draft, weights, pair,
                          {"suffix": {"share": False}} if no_share else None)
     pair_name = engine.models.key
     client = None

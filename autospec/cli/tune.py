@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autospec.cli.options import draft_option, dtype_option, target_option
+from autospec.cli.options import draft_option, weights_option, target_option
 
 
 @click.command()
@@ -43,10 +43,10 @@ from autospec.cli.options import draft_option, dtype_option, target_option
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @target_option
 @draft_option
-@dtype_option
+@weights_option
 def tune(study_name, show_name, storage, n_trials, timeout, trace_paths, workload_path,
          space_path, export_path, grid, discrete, no_prune, seed, heartbeat, max_new_tokens,
-         quiet, target, draft, dtype):
+         quiet, target, draft, weights):
     """Search controller settings with Optuna; every trial is kept in the study's storage.
 
     \b
@@ -77,7 +77,7 @@ def tune(study_name, show_name, storage, n_trials, timeout, trace_paths, workloa
             raise ValueError("give --trace or --workload, not both")
         _sweep(study_name, url, n_trials, timeout, trace_paths, workload_path, space_path,
                export_path, grid, discrete, no_prune, seed, heartbeat, max_new_tokens, quiet,
-               (target, draft, dtype))
+               (target, draft, weights))
     except ValueError as exc:  # SpaceError, PolicyError and bad traces are ValueErrors
         raise click.ClickException(str(exc).splitlines()[0]) from None
     except ImportError as exc:  # e.g. a postgresql:// URL without its driver installed

@@ -26,6 +26,7 @@ from autospec.drafters.base import Draft, register
 from autospec.drafters.draft_model import BatchDraftModel, DraftRow, OneRowDrafter
 from autospec.models.forward import head_scores
 from autospec.models.kv import RowCache
+from autospec.models.weights import stored_bytes
 
 
 class BatchEagle:
@@ -36,7 +37,7 @@ class BatchEagle:
         self.max_positions = max_len
         self.cache = RowCache(head, max_batch, max_len)
         self.fed = [0] * max_batch  # pairs with the target's features in each slot's cache
-        self._weight_bytes = sum(p.numel() * p.element_size() for p in head.parameters())
+        self._weight_bytes = stored_bytes(head)  # as its format stores them
         self.forwards = 0
 
     def reset(self, slot: int) -> None:

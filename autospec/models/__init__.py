@@ -1,0 +1,4 @@
+# the weight formats a pair runs at (models/weights.py), here so the CLI reads them without torch
+FORMATS = ("float32", "bfloat16", "int4")
+# a GGUF pair's own 4-bit blocks, kept beside its converted checkpoint at fetch (models/fetch.py)
+BLOCKS_FILE = "int4-blocks.safetensors"

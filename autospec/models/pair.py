@@ -7,6 +7,7 @@ Pairs by name (reference, smollm2): autospec/models/pairs.py.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ import torch
 from torch import nn
 
 from autospec.models.shared_draft import borrowed_layers, is_shared_draft, load_shared_draft
+
+log = logging.getLogger("autospec.models")
 from autospec.paths import REFERENCE_DIR
 
 PROBE_TEXT = "def probe(x):\n    return x + 1  # tokenizer probe: ünïcode, tabs\t, 12345\n"
@@ -109,9 +112,11 @@ class ModelPair:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights one forward of one token reads: all of them, except an input embedding
-    that is not also the output head (a look-up reads one row of it)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of weights one forward of one token reads, as their format stores them (int4:
+    models/weights.py): all of them, except an input embedding that is not also the output
+    head (a look-up reads one row of it)."""
+    from autospec.models.weights import stored_bytes
+    total = stored_bytes(model)
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     if embedding is not None and getattr(head, "weight", None) is not embedding.weight:
         total -= embedding.weight.numel() * embedding.weight.element_size()
@@ -207,19 +212,19 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
 
 
 def load_pair(target: str | None = None, draft: str | None = None,
-              dtype: str = "float32", with_draft: bool = True,
+              weights: str = "float32", with_draft: bool = True,
               exit: str | None = None, eagle: str | None = None) -> ModelPair:
-    """Load target + draft. Defaults: the shipped reference pair.
-
-    dtype float32 is the default on purpose: bf16 rounds a (k+1)-token verify forward and k+1
-    single-token forwards differently, which can flip an argmax at a near-tie and break
-    token-identity with plain greedy decoding. The shipped bf16 weights upcast exactly.
-    """
+    """Load target + draft (defaults: the shipped reference pair) at weight format `weights`
+    (models/weights.py), the same for every model of the pair: each is read in float32, then
+    converted; a GGUF pair's int4 is its own 4-bit blocks (weights.BLOCKS_FILE beside the
+    target). Speculative output is identical to plain decoding at the same format."""
     from transformers import AutoTokenizer
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-                   "float16": torch.float16}.get(dtype)
-    if torch_dtype is None:
-        raise ModelLoadError(f"unknown dtype '{dtype}' (known: bfloat16, float16, float32)")
+    from autospec.models import weights as formats
+    try:
+        formats.check(weights)
+    except formats.FormatError as exc:
+        raise ModelLoadError(str(exc)) from None
+    torch_dtype = torch.float32
     if target is None:
         target = str(ensure_reference() / "target")
         if draft is None and with_draft:
@@ -245,7 +250,29 @@ def load_pair(target: str | None = None, draft: str | None = None,
     exit_model = _load_shared(exit, target_model, torch_dtype, "trained exit") if exit else None
     eagle_model = (_load_shared(eagle, target_model, torch_dtype, "feature head", head=True)
                    if eagle else None)
+    _to_format(weights, target, target_model, draft_model, exit_model, eagle_model)
     return ModelPair(target_model, tokenizer, draft_model, target, draft, exit_model, eagle_model)
+
+
+def _to_format(weights: str, target: str, target_model: nn.Module, *others) -> None:
+    """Every model of a pair at `weights`, the target first (the others borrow its tensors)."""
+    from autospec.models import weights as formats
+    if weights == "float32":
+        return
+    slow = formats.warn_if_slow(weights)
+    if slow:
+        log.warning(slow)
+    blocks = None
+    kept = Path(target) / formats.BLOCKS_FILE
+    if weights == "int4" and kept.is_file():
+        blocks = formats.load_blocks(kept)
+    try:
+        formats.apply(target_model, weights, blocks)
+        for model in others:
+            if model is not None:
+                formats.apply(model, weights)
+    except formats.FormatError as exc:
+        raise ModelLoadError(str(exc)) from None
 
 
 def _load_shared(path: str, target_model: nn.Module, dtype: torch.dtype, role: str,

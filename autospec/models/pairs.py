@@ -96,13 +96,13 @@ def named_pair(name: str) -> NamedPair:
     return PAIRS[name]
 
 
-def load_named_pair(name: str, dtype: str = "float32"):
+def load_named_pair(name: str, weights: str = "float32"):
     """The ModelPair a name stands for (see the table above)."""
     from autospec.models.pair import load_pair
     spec = named_pair(name)
     target, draft = spec.locate()
     exit_dir, eagle_dir = spec.exit_dir(), spec.eagle_dir()
-    return load_pair(str(target), str(draft) if draft else None, dtype,
+    return load_pair(str(target), str(draft) if draft else None, weights,
                      exit=str(exit_dir) if exit_dir else None,
                      eagle=str(eagle_dir) if eagle_dir else None)
 

