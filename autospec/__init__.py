@@ -23,11 +23,12 @@ __version__ = "0.1.0"
 _pairs: dict = {}
 
 
-def load(target: str | None = None, draft: str | None = None, weights: str = "float32", *,
+def load(target: str | None = None, draft: str | None = None, weights: str = "auto", *,
          pair: str | None = None):
     """An Engine over a named pair ("reference", the default, or "smollm2"; see
     autospec/models/pairs.py) or over target + draft paths, at weight format `weights`
-    (float32, bfloat16 or int4: autospec/models/weights.py), cached per process."""
+    (auto: the target's own; float32, bfloat16 or int4: autospec/models/weights.py), cached
+    per process."""
     from autospec.engine.loop import Engine
     from autospec.engine.request import freeze_heap
     from autospec.models.pair import ModelLoadError, load_pair
@@ -46,7 +47,7 @@ def load(target: str | None = None, draft: str | None = None, weights: str = "fl
 
 
 def generate(prompt, *, target: str | None = None, draft: str | None = None,
-             pair: str | None = None, weights: str = "float32", **options):
+             pair: str | None = None, weights: str = "auto", **options):
     """One completion; options as Engine.generate (drafter, k, max_new_tokens, temperature,
     top_k, top_p, seed, controller, on_tokens). `prompt` is text, token ids, or a chat: a list of
     {"role", "content"} messages, rendered with the target's chat template. Returns a

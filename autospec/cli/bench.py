@@ -10,7 +10,7 @@ import click
 from autospec.cli.options import (check_pair_args, draft_option, drafter_options_option,
                                   load_engine, pair_option, prefill_chunk_option, target_option,
                                   write_report)
-from autospec.models import FORMATS
+from autospec.models import AUTO, FORMATS
 
 DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ngram:8,"
                    "static:draft-model:1,static:draft-model:2,static:draft-model:4,"
@@ -22,10 +22,10 @@ DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ng
 def _formats(ctx, param, value: str) -> list[str]:
     """--weights: one format or a comma-separated list of them."""
     chosen = [w.strip() for w in value.split(",") if w.strip()]
-    bad = [w for w in chosen if w not in FORMATS]
+    bad = [w for w in chosen if w not in (AUTO, *FORMATS)]
     if bad or not chosen:
         raise click.BadParameter(f"unknown weight format '{(bad or [value])[0]}' (accepted: "
-                                 f"{', '.join(FORMATS)}, or a comma-separated list of them)")
+                                 f"{AUTO}, {', '.join(FORMATS)}, or a comma-separated list)")
     return list(dict.fromkeys(chosen))
 
 
@@ -91,11 +91,12 @@ def _parsed(module: str, parse: str):
 @target_option
 @draft_option
 @prefill_chunk_option
-@click.option("--weights", default="float32", show_default=True, callback=_formats,
+@click.option("--weights", default=AUTO, show_default=True, callback=_formats,
               metavar="FORMAT[,FORMAT...]",
-              help=f"Weight format ({', '.join(FORMATS)}) of the target and every drafter; a "
-                   f"list runs every method at each, interleaved, keyed METHOD@FORMAT, each "
-                   f"compared with plain at its own format (docs/weights.md).")
+              help=f"Weight format ({AUTO}: the target's own; {', '.join(FORMATS)}) of the "
+                   f"target and every drafter; a list runs every method at each, interleaved, "
+                   f"keyed METHOD@FORMAT, each compared with plain at its own format "
+                   f"(docs/weights.md).")
 @drafter_options_option
 def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, limit, json_path,
           record_path, record_k_max, concurrency, plot_path, schedule, rows, engine_name, k_limit,
@@ -121,7 +122,12 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     if len(weights) > 1 and (engine_name == "vllm" or schedule or record_path):
         raise click.UsageError("a list of --weights runs our engine's methods at each format; "
                                "--engine vllm, --arrivals and --record take one format")
-    engines = {w: load_engine(target, draft, w, pair, drafter_options) for w in weights}
+    from autospec.models.weights import format_of
+    engines = {}
+    for w in weights:  # keyed by the format each runs at (auto: the target's own)
+        loaded = load_engine(target, draft, w, pair, drafter_options)
+        engines.setdefault(format_of(loaded.models.target), loaded)
+    weights = list(engines)
     engine = engines[weights[0]]
     if engine_name == "vllm":
         from autospec.cli.bench_vllm import bench_vllm

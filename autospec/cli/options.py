@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autospec.models import FORMATS
+from autospec.models import AUTO, FORMATS
 from autospec.models.pairs import PAIRS
 
 # chunked prefill's tokens a step (bench, serve): a 64-token prefill forward costs about one
@@ -82,10 +82,11 @@ prefill_chunk_option = click.option(
     help="Prefill a joining prompt this many tokens a step while the other rows decode "
          "(chunked prefill: no step waits for a whole long prompt); 0: whole, at once.")
 weights_option = click.option(
-    "--weights", default="float32", show_default=True, type=click.Choice(FORMATS),
-    help="Weight format of the target and every drafter: float32; bfloat16; int4 (4-bit "
-         "blocks of 32 with bfloat16 activations; a GGUF pair's own blocks). Speculative "
-         "output is identical to plain decoding at the same format. docs/weights.md.")
+    "--weights", default=AUTO, show_default=True, type=click.Choice([AUTO, *FORMATS]),
+    help="Weight format of the target and every drafter: auto (the target's own: a GGUF "
+         "pair's 4-bit blocks, SmolLM2's, else float32); float32; bfloat16; int4 (4-bit blocks "
+         "of 32, bfloat16 activations). Speculative output is plain decoding's at the same "
+         "format. docs/weights.md.")
 
 
 def check_pair_args(pair, target, draft) -> None:

@@ -85,7 +85,7 @@ class _Product:
         if torch.is_grad_enabled() and any(m.weight.requires_grad for m in modules):
             return torch.cat([F.linear(x, m.weight) for m in modules], -1)  # gradients reach each
         flat = x.reshape(-1, x.shape[-1])
-        if weights.int4 and x.dtype == torch.bfloat16:
+        if weights.int4 and x.dtype == torch.bfloat16 and flat.shape[0] < INT4_ROWS:
             values, scales = weights.int4_packed(modules)
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), values, GROUP, scales)
             return out.view(*x.shape[:-1], out.shape[-1])
@@ -174,6 +174,11 @@ MIN_PACKED = 1 << 18
 # 10.9 / 11.3 / 10.5 (oneDNN's reads: SmolLM2's head 19-22 GB/s against F.linear's 11)
 MIN_PACKED_ONE = 1 << 19
 PACKS = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# an int4 product by the int4 kernel below this many rows (tokens of all rows), by oneDNN over
+# the blocks' values in bfloat16 from it: the kernel's time grows with the rows as oneDNN's
+# does not. SmolLM2's four products of a layer (us, int4 / bfloat16): 1 row 124 / 173, 4 rows
+# 218 / 233, 6 rows 364 / 209, 16 rows 724 / 381, 64 rows 2776 / 1167; quiet, 2 threads
+INT4_ROWS = 5
 # the weights oneDNN's prepacked products take: float32, and bfloat16 (--weights bfloat16,
 # and an int4 model's head): SmolLM2's 121 products at one row 13.8 ms against 28.6 in
 # float32 and 22.8 by F.linear in bfloat16, quiet machine, 2 threads
@@ -280,7 +285,8 @@ _PLANS: "weakref.WeakKeyDictionary[nn.Module, _Plan]" = weakref.WeakKeyDictionar
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LlamaRMSNorm's arithmetic, float32 inside, as transformers computes it (for float32
     torch's rms_norm: the same bits, measured on both pairs' shapes; on the CPU a composite of
-    the same kernels, not a fused one, ~7 us a call sooner in a loop)."""
+    the same kernels, not a fused one, ~7 us a call sooner in a loop; for bfloat16 it measured
+    no faster over a SmolLM2 int4 token: 66.9 against 67.3 tok/s)."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     dtype = x.dtype

@@ -212,23 +212,24 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
 
 
 def load_pair(target: str | None = None, draft: str | None = None,
-              weights: str = "float32", with_draft: bool = True,
+              weights: str = "auto", with_draft: bool = True,
               exit: str | None = None, eagle: str | None = None) -> ModelPair:
     """Load target + draft (defaults: the shipped reference pair) at weight format `weights`
-    (models/weights.py), the same for every model of the pair: each is read in float32, then
+    (models/weights.py; auto: the target's own), the same for every model of the pair: each is
+    read in float32, then
     converted; a GGUF pair's int4 is its own 4-bit blocks (weights.BLOCKS_FILE beside the
     target). Speculative output is identical to plain decoding at the same format."""
     from transformers import AutoTokenizer
     from autospec.models import weights as formats
-    try:
-        formats.check(weights)
-    except formats.FormatError as exc:
-        raise ModelLoadError(str(exc)) from None
-    torch_dtype = torch.float32
     if target is None:
         target = str(ensure_reference() / "target")
         if draft is None and with_draft:
             draft = str(REFERENCE_DIR / "draft")
+    try:
+        weights = formats.resolve(weights, target)
+    except formats.FormatError as exc:
+        raise ModelLoadError(str(exc)) from None
+    torch_dtype = torch.float32
     target_model = _load_model(target, torch_dtype, "target")
     tokenizer = AutoTokenizer.from_pretrained(target)
     draft_model = None

@@ -96,7 +96,7 @@ def named_pair(name: str) -> NamedPair:
     return PAIRS[name]
 
 
-def load_named_pair(name: str, weights: str = "float32"):
+def load_named_pair(name: str, weights: str = "auto"):
     """The ModelPair a name stands for (see the table above)."""
     from autospec.models.pair import load_pair
     spec = named_pair(name)

@@ -8,7 +8,7 @@ Three figures per format (models/weights.py), each by our own forward (the one t
 - rounding spread: the largest difference of any logit between one forward over a whole text
   and the same text fed a token at a time — two orders of the same arithmetic. A speculative
   verify and plain decoding differ by exactly that, so an argmax may flip only where plain's
-  top-2 margin is below twice this spread: the near-tie rule of the format (tests/conftest.py).
+  top-2 margin is below twice this spread (models/ties.py).
 """
 from __future__ import annotations
 
@@ -16,21 +16,7 @@ import statistics
 
 import torch
 
-from autospec.models.kv import RowCache, cache_kwarg
-
-
-def _logits(model, ids: list[int], one_at_a_time: bool) -> torch.Tensor:
-    """(T, V) float32 logits of `ids` by the decode-time forward over a fresh RowCache."""
-    cache = RowCache(model, 1, len(ids) + 1)
-    slot = cache.claim()
-    kwarg = cache_kwarg(model)
-    feeds = [[t] for t in ids] if one_at_a_time else [ids]
-    out = []
-    with torch.inference_mode():
-        for feed in feeds:
-            out.append(cache.forward(model, kwarg, [slot], [feed], len(ids) + 1)[0].float().clone())
-            cache.lengths[slot] += len(feed)
-    return torch.cat(out)
+from autospec.models.ties import _logits, rounding_spread
 
 
 def log_likelihood(model, texts: list[list[int]]) -> float:
@@ -42,13 +28,6 @@ def log_likelihood(model, texts: list[list[int]]) -> float:
         total += picked.sum().item()
         count += len(ids) - 1
     return total / max(1, count)
-
-
-def rounding_spread(model, texts: list[list[int]]) -> float:
-    """The largest |logit| difference between a text's one forward and its token-at-a-time
-    forwards, over `texts`."""
-    return max((_logits(model, ids, False) - _logits(model, ids, True)).abs().max().item()
-               for ids in texts)
 
 
 SPREAD_TEXTS = 4

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from autospec.models import BLOCKS_FILE, FORMATS  # noqa: F401 (BLOCKS_FILE: for readers)
+from autospec.models import AUTO, BLOCKS_FILE, FORMATS
 
 log = logging.getLogger("autospec.weights")
 
@@ -45,9 +45,19 @@ class FormatError(ValueError):
 
 
 def check(name: str) -> str:
-    if name not in FORMATS:
-        raise FormatError(f"unknown weight format '{name}' (accepted: {', '.join(FORMATS)})")
+    if name not in FORMATS and name != AUTO:
+        raise FormatError(f"unknown weight format '{name}' (accepted: {AUTO}, "
+                          f"{', '.join(FORMATS)})")
     return name
+
+
+def resolve(name: str, target: str | Path) -> str:
+    """`name`, or for `auto` the target's own format: int4 where a GGUF's blocks were kept
+    beside it at fetch (SmolLM2: its published model, whose measured cost against the float32
+    copy is negligible, docs/weights.md), else float32 (the checkpoint as stored)."""
+    if check(name) != AUTO:
+        return name
+    return "int4" if (Path(target) / BLOCKS_FILE).is_file() else "float32"
 
 
 def compute_dtype(name: str) -> torch.dtype:

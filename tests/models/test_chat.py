@@ -83,7 +83,7 @@ def test_bench_measures_chat_rows(chat_dir, tiny_dir, tmp_path):
                      "--draft", str(tiny_dir / "draft")])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["methods"]["static:ngram:2"]["overall"]["identical_to_plain"] is True
+    assert report["methods"]["static:ngram:2"]["overall"]["identical_to_plain"] in (True, "near-tie")
 
 
 def test_bench_chat_rows_on_a_pair_without_a_template(tiny_dir, tmp_path):
