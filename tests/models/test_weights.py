@@ -151,7 +151,8 @@ def test_an_unknown_format_names_the_accepted_ones():
 def test_auto_is_the_targets_own_format(tmp_path):
     from autospec.models import weights as w
     assert w.resolve("auto", tmp_path) == "float32"  # a checkpoint as stored
-    (tmp_path / "int4-blocks.safetensors").write_bytes(b"")
+    (tmp_path / "autospec").mkdir()
+    (tmp_path / "autospec" / "int4-blocks.safetensors").write_bytes(b"")
     assert w.resolve("auto", tmp_path) == "int4"  # a GGUF's blocks kept beside it at fetch
     assert w.resolve("bfloat16", tmp_path) == "bfloat16"
 
