@@ -34,6 +34,7 @@ from autospec.engine.loop import Engine
 from autospec.engine.request import Job, Request
 from autospec.method import Method
 from autospec.models.sampling import SamplingParams
+from autospec.models.ties import verdict
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,8 @@ def run_arrivals(engine: Engine, prompts: list[Prompt], methods: list[Method], s
         runs[m.spec] = _open_loop(batch, jobs, [t for t, _ in sends], make_controller(m, available))
         if progress:
             progress(f"arrivals {schedule.text}: {m.spec} {runs[m.spec].wall_s:.1f} s")
-    return arrivals_report(runs, schedule, sends, rows, len(jobs), temperature == 0)
+    return arrivals_report(runs, schedule, sends, rows, len(jobs), temperature == 0,
+                           engine.models.target, [job.prompt for job in jobs])
 
 
 def arrival_jobs(engine: Engine, prompts: list[Prompt], count: int, max_new_tokens: int,
@@ -167,9 +169,10 @@ def arrival_jobs(engine: Engine, prompts: list[Prompt], count: int, max_new_toke
 
 
 def arrivals_report(runs: dict[str, "Sent"], schedule: Schedule, sends, rows: int, requests: int,
-                    greedy: bool) -> dict:
+                    greedy: bool, target=None, prompts: list[list[int]] | None = None) -> dict:
     """The report's `arrivals` from each method's open-loop run (identical_to_plain against
-    the run keyed "plain")."""
+    the run keyed "plain": True, "near-tie" or False by models/ties.py where `target` and the
+    requests' `prompts` are given)."""
     plain = runs.get("plain")
     phases = [phase for _, phase in sends]
     out = {}
@@ -178,7 +181,7 @@ def arrivals_report(runs: dict[str, "Sent"], schedule: Schedule, sends, rows: in
         scopes = {"overall": (range(requests), (0.0, run.wall_s + 1e-9))}
         by_phase = {str(k): ([i for i, ph in enumerate(phases) if ph == k], window)
                     for k, window in enumerate(windows)}
-        stats = {name: _stats(run, indices, window, plain, greedy)
+        stats = {name: _stats(run, indices, window, plain, greedy, target, prompts)
                  for name, (indices, window) in {**scopes, **by_phase}.items()}
         out[spec] = {"overall": stats.pop("overall"), "by_phase": stats}
     return {"schedule": schedule.text, "rows": rows, "requests": requests, "methods": out}
@@ -211,7 +214,7 @@ def _open_loop(batch: Engine, jobs: list[Job], times: list[float], controller) -
 
 
 def _stats(run: Sent, indices, window: tuple[float, float], plain: Sent | None,
-           greedy: bool) -> dict:
+           greedy: bool, target=None, prompts: list[list[int]] | None = None) -> dict:
     start, stop = window
     tokens = sum(n for t, n in run.emitted_at if start <= t < stop)
     done = [i for i in indices if run.tokens[i] is not None]
@@ -219,7 +222,12 @@ def _stats(run: Sent, indices, window: tuple[float, float], plain: Sent | None,
     ttft = [run.ttft_s[i] for i in done if i in run.ttft_s]
     queue = [run.queue_s[i] for i in done if i in run.queue_s]
     refused = set(run.refused)
-    same = (all(run.tokens[i] == plain.tokens[i] for i in done) if greedy and plain else None)
+    same = None
+    if greedy and plain:
+        both = [i for i in done if plain.tokens[i] is not None]
+        got, want = [run.tokens[i] for i in both], [plain.tokens[i] for i in both]
+        same = (verdict(target, [prompts[i] for i in both], got, want)[0]
+                if target is not None else got == want)
     return {"throughput_tokens_per_s": tokens / max(stop - start, 1e-9),
             "completed": len(done), "refused": sum(1 for i in indices if i in refused),
             "ttft_p50_ms": _percentile_ms(ttft, 50), "ttft_p99_ms": _percentile_ms(ttft, 99),
