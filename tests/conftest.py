@@ -23,7 +23,7 @@ from autospec.controller.interface import StaticController
 from autospec.models.pair import ModelPair, load_pair
 # greedy speculative output may part from plain's only at one of plain's near-ties, by the
 # model's format (autospec/models/ties.py: why, and the measured values)
-from autospec.models.ties import NEAR_TIE, near_tie  # noqa: F401
+from autospec.models.ties import NEAR_TIE, first_difference, near_tie  # noqa: F401
 
 # The models here are small: one thread is faster than two, and leaves a core to the other
 # process of a 2-core machine.
@@ -128,7 +128,7 @@ def divergences(pair, prompts, batched, plain):
     found = []
     for i, (got, want) in enumerate(zip(batched, plain)):
         if got != want:
-            pos = next((t for t, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            pos = first_difference(got, want)
             ids = pair.tokenizer.encode(prompts[i]) if isinstance(prompts[i], str) else prompts[i]
             margin = top2_margins(pair, ids, want)[pos] if pos < len(want) else float("inf")
             print(f"prompt {i}: batched output diverges from plain at token {pos}, plain's top-2 "

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from autospec.cli.options import (check_pair_args, draft_option, drafter_options_option,
-                                  load_engine, pair_option, prefill_chunk_option, target_option,
-                                  write_report)
+                                  load_engines, pair_option, parse_formats, prefill_chunk_option,
+                                  target_option, write_report)
 from autospec.models import AUTO, FORMATS
 
 DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ngram:8,"
@@ -17,16 +17,6 @@ DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ng
                    "static:draft-model:8,static:early-exit:1,static:early-exit:2,"
                    "static:early-exit:4,static:early-exit:8,hf:generate,hf:assisted:4,"
                    "hf:prompt-lookup:4,hf:early-exit:4,adaptive,oracle,oracle-per-category")
-
-
-def _formats(ctx, param, value: str) -> list[str]:
-    """--weights: one format or a comma-separated list of them."""
-    chosen = [w.strip() for w in value.split(",") if w.strip()]
-    bad = [w for w in chosen if w not in (AUTO, *FORMATS)]
-    if bad or not chosen:
-        raise click.BadParameter(f"unknown weight format '{(bad or [value])[0]}' (accepted: "
-                                 f"{AUTO}, {', '.join(FORMATS)}, or a comma-separated list)")
-    return list(dict.fromkeys(chosen))
 
 
 def _parsed(module: str, parse: str):
@@ -91,7 +81,7 @@ def _parsed(module: str, parse: str):
 @target_option
 @draft_option
 @prefill_chunk_option
-@click.option("--weights", default=AUTO, show_default=True, callback=_formats,
+@click.option("--weights", default=AUTO, show_default=True, callback=parse_formats,
               metavar="FORMAT[,FORMAT...]",
               help=f"Weight format ({AUTO}: the target's own; {', '.join(FORMATS)}) of the "
                    f"target and every drafter; a list runs every method at each, interleaved, "
@@ -122,11 +112,7 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     if len(weights) > 1 and (engine_name == "vllm" or schedule or record_path):
         raise click.UsageError("a list of --weights runs our engine's methods at each format; "
                                "--engine vllm, --arrivals and --record take one format")
-    from autospec.models.weights import format_of
-    engines = {}
-    for w in weights:  # keyed by the format each runs at (auto: the target's own)
-        loaded = load_engine(target, draft, w, pair, drafter_options)
-        engines.setdefault(format_of(loaded.models.target), loaded)
+    engines = load_engines(target, draft, weights, pair, drafter_options)
     weights = list(engines)
     engine = engines[weights[0]]
     if engine_name == "vllm":

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from autospec.cli.options import parse_formats
+
 
 @click.group()
 def models() -> None:
@@ -117,12 +119,12 @@ def export(pair_name: str, fmt: str, head_dir: Path | None, out_dir: Path | None
 @models.command()
 @click.option("--pair", "pair_name", default="reference", show_default=True, metavar="NAME")
 @click.option("--weights", default="bfloat16,int4", show_default=True, metavar="FORMAT[,FORMAT...]",
-              help="Formats to judge against float32 (models/weights.py).")
+              callback=parse_formats, help="Formats to judge against float32 (models/weights.py).")
 @click.option("--limit", default=None, type=click.IntRange(min=1),
               help="Only the first N prompts of each workload.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
-def quality(pair_name: str, weights: str, limit: int | None, max_new_tokens: int,
+def quality(pair_name: str, weights: list[str], limit: int | None, max_new_tokens: int,
             json_path: Path | None) -> None:
     """What each weight format costs against float32: greedy agreement over the pair's bench
     workload and the held-out one, held-out log-likelihood, rounding spread (the format's
@@ -130,22 +132,16 @@ def quality(pair_name: str, weights: str, limit: int | None, max_new_tokens: int
     import json
 
     from autospec.bench.harness import load_prompts, prompt_ids
-    from autospec.cli.options import load_engine
-    from autospec.models import FORMATS
+    from autospec.cli.options import load_engines
     from autospec.models.pairs import named_pair
     from autospec.models.quality import format_quality, measure
-    chosen = ["float32"] + [w.strip() for w in weights.split(",") if w.strip() != "float32"]
-    bad = [w for w in chosen if w not in FORMATS]
-    if bad:
-        raise click.BadParameter(f"unknown weight format '{bad[0]}' (accepted: "
-                                 f"{', '.join(FORMATS)})", param_hint="--weights")
     try:
         spec = named_pair(pair_name)
         heldout = spec.workload("bench").with_name("heldout.jsonl")  # tuned on by nobody
         workloads = [load_prompts(spec.workload("bench")), load_prompts(heldout)]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    engines = {w: load_engine(None, None, w, pair_name) for w in dict.fromkeys(chosen)}
+    engines = load_engines(None, None, ["float32", *weights], pair_name)  # float32: the base
     base = engines["float32"]
     bench, heldout = ([prompt_ids(base, p) for p in (w[:limit] if limit else w)] for w in workloads)
     report = measure(engines, bench, heldout, max_new_tokens, progress=lambda m: click.echo(m, err=True))

@@ -89,6 +89,28 @@ weights_option = click.option(
          "format. docs/weights.md.")
 
 
+def parse_formats(ctx, param, value: str) -> list[str]:
+    """--weights on bench and `models quality`: one format or a comma-separated list."""
+    chosen = [w.strip() for w in value.split(",") if w.strip()]
+    bad = [w for w in chosen if w not in (AUTO, *FORMATS)]
+    if bad or not chosen:
+        raise click.BadParameter(f"unknown weight format '{(bad or [value])[0]}' (accepted: "
+                                 f"{AUTO}, {', '.join(FORMATS)}, or a comma-separated list)")
+    return list(dict.fromkeys(chosen))
+
+
+def load_engines(target, draft, weights: list[str], pair=None,
+                 drafter_options: dict | None = None) -> dict:
+    """{format: Engine}, one per format of `weights`, keyed by the format each runs at (auto:
+    the target's own), in the order given."""
+    from autospec.models.weights import format_of
+    engines: dict = {}
+    for w in weights:
+        loaded = load_engine(target, draft, w, pair, drafter_options)
+        engines.setdefault(format_of(loaded.models.target), loaded)
+    return engines
+
+
 def check_pair_args(pair, target, draft) -> None:
     """--pair names both models: with --target or --draft it is a usage error."""
     if pair is not None and (target is not None or draft is not None):

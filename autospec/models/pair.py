@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from autospec.models.shared_draft import borrowed_layers, is_shared_draft, load_shared_draft
+from autospec.paths import REFERENCE_DIR
 
 log = logging.getLogger("autospec.models")
-from autospec.paths import REFERENCE_DIR
 
 PROBE_TEXT = "def probe(x):\n    return x + 1  # tokenizer probe: ünïcode, tabs\t, 12345\n"
 
@@ -216,9 +216,9 @@ def load_pair(target: str | None = None, draft: str | None = None,
               exit: str | None = None, eagle: str | None = None) -> ModelPair:
     """Load target + draft (defaults: the shipped reference pair) at weight format `weights`
     (models/weights.py; auto: the target's own), the same for every model of the pair: each is
-    read in float32, then
-    converted; a GGUF pair's int4 is its own 4-bit blocks (weights.BLOCKS_FILE beside the
-    target). Speculative output is identical to plain decoding at the same format."""
+    read in float32, then converted; a GGUF pair's int4 is its own 4-bit blocks (BLOCKS_FILE in
+    the target's folder). Speculative output is plain decoding's at the same format, but at a
+    near-tie (models/ties.py)."""
     from transformers import AutoTokenizer
     from autospec.models import weights as formats
     if target is None:

@@ -16,14 +16,14 @@ import statistics
 
 import torch
 
-from autospec.models.ties import _logits, rounding_spread
+from autospec.models.ties import text_logits, rounding_spread
 
 
 def log_likelihood(model, texts: list[list[int]]) -> float:
     """Mean log-probability per predicted token over `texts` (token ids)."""
     total, count = 0.0, 0
     for ids in texts:
-        logits = _logits(model, ids, one_at_a_time=False)[:-1]
+        logits = text_logits(model, ids, one_at_a_time=False)[:-1]
         picked = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])
         total += picked.sum().item()
         count += len(ids) - 1

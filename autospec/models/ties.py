@@ -37,7 +37,7 @@ def near_tie(model, ids: list[int]) -> float:
 _LIMITS: dict[tuple, float] = {}
 
 
-def _logits(model, ids: list[int], one_at_a_time: bool) -> torch.Tensor:
+def text_logits(model, ids: list[int], one_at_a_time: bool) -> torch.Tensor:
     """(T, V) float32 logits of `ids` by the decode-time forward over a fresh RowCache."""
     from autospec.models.kv import RowCache, cache_kwarg
     cache = RowCache(model, 1, len(ids) + 1)
@@ -55,7 +55,7 @@ def _logits(model, ids: list[int], one_at_a_time: bool) -> torch.Tensor:
 def rounding_spread(model, texts: list[list[int]]) -> float:
     """The largest |logit| difference between a text's one forward and its token-at-a-time
     forwards, over `texts` (token ids)."""
-    return max((_logits(model, ids, False) - _logits(model, ids, True)).abs().max().item()
+    return max((text_logits(model, ids, False) - text_logits(model, ids, True)).abs().max().item()
                for ids in texts)
 
 

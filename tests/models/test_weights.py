@@ -87,6 +87,11 @@ def test_int4_products_are_the_blocks_values_and_rows_do_not_interact():
             torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0.01)
         few = _Product(gate, up)(x[:INT4_ROWS - 1])
         assert torch.equal(_Product(gate, up)(x[:1])[0], few[0])  # one row = a row of several
+        # below INT4_ROWS it is the int4 kernel over the stacked blocks, not a bfloat16 product
+        values, scales = weights.stack_blocks([weights.blocks_of(m) for m in (gate, up)]).packed()
+        kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(x[:INT4_ROWS - 1], values,
+                                                            weights.GROUP, scales)
+        assert torch.equal(few, kernel)
 
 
 def test_int4_bytes_are_what_the_blocks_store_and_the_roofline_counts_them():
