@@ -20,6 +20,9 @@ step_batch, finish, abandon, runnable_drafters, clock, idle) over a Trace (bench
   `prefill_chunk`;
 - not simulated: chunked prefill, and the controller's own seconds (0: a replay is
   deterministic).
+What it keeps of its requests besides the step (a row each, their look-up drafters, finish,
+abandon, peek) is the engine's own: `Host` (engine/jobs.py); here only its rows, its clock
+and what a look-up costs.
 """
 from __future__ import annotations
 
@@ -27,14 +30,14 @@ from typing import Sequence
 
 import torch
 
-from autospec.drafters.base import Draft, DraftContext, create_drafter, drafter_class
-from autospec.engine.jobs import advance_rows, decode_rows, run_jobs
-from autospec.engine.request import Generation, Proposal, Request
+from autospec.drafters.base import Draft
+from autospec.engine.jobs import Host
+from autospec.engine.request import Proposal, Request
 from autospec.models.sampling import SamplingParams
-from autospec.telemetry import StepRecord, summarise
+from autospec.telemetry import StepRecord
 
 
-class RecordedEngine:
+class RecordedEngine(Host):
     """Up to `max_batch` rows over `requests` (default: the trace's), each started by its id,
     at `trace`'s costs."""
 
@@ -44,6 +47,7 @@ class RecordedEngine:
     def __init__(self, trace, max_batch: int = 1, requests=None,
                  drafter_options: dict[str, dict] | None = None):
         from autospec.bench.trace import trace_prices
+        super().__init__()
         self.trace, self.max_batch = trace, max_batch
         self.prices = {rows: trace_prices(trace, rows) for rows in range(1, max_batch + 1)}
         self.drafter_options = drafter_options or {}
@@ -71,13 +75,10 @@ class RecordedEngine:
         recorded = self.recorded.get(request_id)
         if recorded is None or list(prompt) != recorded.prompt:
             raise ValueError(f"request {request_id!r} is not in the trace with that prompt")
-        if not self.free:
-            raise ValueError(f"no free row: all {self.max_batch} are decoding")
         request = Request(request_id, list(prompt), len(prompt),
                           min(max_new_tokens, len(recorded.output)), sampling,
                           torch.Generator(), workload=workload, seed=seed, started=self.now)
-        request.slot = self.free.pop(0)
-        self.free.sort()
+        request.slot = self._claim()
         self.now += recorded.prefill_seconds  # as Engine.start prefills before it returns
         return request
 
@@ -87,20 +88,22 @@ class RecordedEngine:
     def fill(self, request: Request, budget: int | None = None) -> None:
         pass
 
-    def peek(self, looked: dict[int, dict[str, Proposal]], request: Request, name: str,
-             k: int) -> Draft | None:
-        """The look-up drafter's real proposal on the row's tokens, charged its recorded
-        seconds per drafted token now (Engine.peek's contract)."""
-        if not drafter_class(name).peekable:
-            return None
-        if name not in request.drafters:
-            request.drafters[name] = create_drafter(name, None, **self.drafter_options.get(name, {}))
-        draft = request.drafters[name].propose(self._context(request), k)
+    # -- what Host's bookkeeping (finish, abandon, peek) reads ---------------------------------
+    def _claim(self) -> int:
+        if not self.free:
+            raise ValueError(f"no free row: all {self.max_batch} are decoding")
+        return self.free.pop(0)
+
+    def _release(self, slot: int) -> None:
+        self.free.append(slot)
+        self.free.sort()
+
+    def _lookup_seconds(self, name: str, draft: Draft, t0: float) -> float:
+        """A look-up (`peek`: the look-up drafter's real proposal on the row's tokens) is
+        charged its recorded seconds per drafted token, now (Engine.peek's contract)."""
         seconds = self.trace.draft_seconds_per_token.get(name, 0.0) * len(draft.tokens)
         self.now += seconds
-        looked.setdefault(request.slot, {})[name] = Proposal(len(request.tokens), k, draft,
-                                                             seconds, by_engine=False)
-        return draft
+        return seconds
 
     # -- the step --------------------------------------------------------------------------
     def step_batch(self, decisions: Sequence[tuple[Request, str | None, int]],
@@ -137,29 +140,6 @@ class RecordedEngine:
                 batch_width=1 + max(drafted), overhead_seconds=0.0))
             emitted.append(tokens)
         return emitted
-
-    def finish(self, request: Request) -> Generation:
-        self.abandon(request)
-        for drafter in request.drafters.values():
-            drafter.finish(self._context(request))
-        record = summarise(request.request_id, request.prompt_len, request.steps,
-                           self.now - request.started, request.workload,
-                           request.finish_reason or "length", request.method)
-        return Generation("", list(request.output), record)
-
-    def abandon(self, request: Request) -> None:
-        if request.slot is not None:
-            self.free.append(request.slot)
-            self.free.sort()
-            request.slot = None
-
-    def _context(self, request: Request) -> DraftContext:
-        return DraftContext(request.tokens, request.sampling, request.generator, request.prompt_len)
-
-    # the live loop itself, as Engine binds it
-    advance = advance_rows
-    _decode = decode_rows
-    run = run_jobs
 
 
 def _proposal(recorded, drafter: str, k: int, at: int) -> int:

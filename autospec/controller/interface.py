@@ -1,7 +1,7 @@
 """The one contract between a controller and the loop that hosts it.
 
 Three hosts drive a controller, and each needs only this module and the drafter registry:
-the engine (`engine/jobs.py`, one step over its rows), replay (`bench/trace.py`, the same
+the engine (`engine/jobs.py`, one step over its rows), replay (`bench/recorded.py`, the same
 loop over a recorded target) and vLLM's proposer (`autospec/vllm/proposer.py`). A host
 
 1. tells the controller once, before its first step, which drafters it can run (`bind`);
@@ -76,8 +76,9 @@ class Controller(ABC):
 
     @abstractmethod
     def bind(self, drafters: tuple[str, ...]) -> None:
-        """The drafters this host can run (before any decision; a host may call it again
-        with the same names). A controller never picks one outside them."""
+        """The drafters this host can run: once, before the controller's first step there (a
+        controller that several hosts drive is told by each). A controller never picks one
+        outside them."""
 
     @abstractmethod
     def chunk_budget(self, rows: int, default: int) -> int:

@@ -1,18 +1,22 @@
 """The driving loop: Engine.advance, one step over the rows in flight (each controller's
 decision, one `step_batch`, every controller told), and Engine.run, the loop over many
 requests (closed: N clients; open: requests sent at given times), an `advance` a step.
-Written as functions over the engine (bound as its methods) so that loop.py holds the step
-and its parts, and so that replay runs this very loop over a recorded target
+Written as functions over the engine (bound as its methods, `Host`) so that loop.py holds
+the step and its parts, and so that replay runs this very loop over a recorded target
 (bench/recorded.py: RecordedEngine, whose clock is simulated: hence `self.clock()` and
-`self.idle()`, never the time module)."""
+`self.idle()`, never the time module). `Host` is also what both keep of their requests
+besides the step: a row each, their drafters, the controllers' look-ups, the summary."""
 from __future__ import annotations
 
 import functools
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from autospec.controller.interface import Controller, Outcome, StaticController, Step
+from autospec.drafters.base import Draft, DraftContext, Drafter, create_drafter, drafter_class
 from autospec.engine.request import Generation, Job, Proposal, Request
+from autospec.telemetry import summarise
 
 if TYPE_CHECKING:
     from autospec.engine.loop import Engine
@@ -120,9 +124,8 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
     peek = functools.partial(self.peek, looked)
     choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
     chunk, budget = None, 0
-    runnable = self.runnable_drafters()
     for controller, _ in groups.values():
-        controller.bind(runnable)  # the pair it drives (the same names again: a no-op)
+        self.bind(controller)  # the drafters it may choose, the first time it meets this host
     if joining is not None:  # what the controllers let ride beside their rows
         budget = min([self.prefill_chunk] + [
             controller.chunk_budget(len(rows), self.prefill_chunk)
@@ -158,3 +161,106 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
     for record in records:
         record.controller_seconds = share
     return emitted
+
+
+class Host:
+    """A host of the driving loop (the engine, engine/loop.py; the recorded target,
+    bench/recorded.py): the loop bound as its methods, and the bookkeeping of its requests
+    both share. A host supplies its clock (`clock`, `idle`), its drafters
+    (`runnable_drafters`, `models` to make them with), its rows (`_claim`, `_release`), the
+    seconds a look-up costs (`_lookup_seconds`), an output's text (`_text`) and the row's
+    features a drafter may read (`_hidden`), besides the step itself."""
+
+    models = None  # what a drafter is made with (none: look-up drafters only)
+    drafter_options: dict[str, dict]
+
+    def __init__(self) -> None:
+        # the controllers this host has bound (Controller.bind: once, before their first step),
+        # by id while each is alive
+        self._bound: dict[int, weakref.ref] = {}
+
+    def bind(self, controller: Controller) -> None:
+        """Tell `controller` the drafters this host can run, the first time it meets it."""
+        key = id(controller)
+        known = self._bound.get(key)
+        if known is not None and known() is controller:
+            return
+        controller.bind(self.runnable_drafters())
+        bound = self._bound  # the entry goes with the controller (an id is reused only after)
+        bound[key] = weakref.ref(controller, lambda _, key=key: bound.pop(key, None))
+
+    def finish(self, request: Request) -> Generation:
+        """Free the request's row and summarise. Its drafters are told (`finish`) here, not in
+        a finalizer: what they publish (suffix: to the shared index) precedes the next request."""
+        self.abandon(request)
+        for drafter in request.drafters.values():
+            drafter.finish(self._context(request))
+        record = summarise(request.request_id, request.prompt_len, request.steps,
+                           self.clock() - request.started, request.workload,
+                           request.finish_reason or "length", request.method)
+        return Generation(self._text(request.output), list(request.output), record,
+                          None if request.top_logprobs is None else list(request.logprobs))
+
+    def abandon(self, request: Request) -> None:
+        """Free the request's row with no result (its run or its server step failed)."""
+        if request.slot is not None:
+            self._release(request.slot)
+            request.slot = None
+
+    def peek(self, looked: dict[int, dict[str, Proposal]], request: Request, name: str,
+             k: int) -> Draft | None:
+        """The proposal look-up drafter `name` (`Drafter.peekable`: ngram, suffix; else None)
+        would make now, for a controller deciding before the step (`advance` binds `looked`):
+        kept in looked[slot][name], the step's draft at this context (cut to its k)."""
+        if not drafter_class(name).peekable:
+            return None
+        drafter = self.drafter_for(request, name)
+        t0 = self.clock()
+        draft = drafter.propose(self._context(request), k)
+        looked.setdefault(request.slot, {})[name] = Proposal(
+            len(request.tokens), k, draft, self._lookup_seconds(name, draft, t0), by_engine=False)
+        return draft
+
+    def drafter_for(self, request: Request, name: str) -> Drafter:
+        """The request's drafter `name`, made on first use (with the request's options where
+        it has its own, else the host's)."""
+        if name not in request.drafters:
+            options = self.drafter_options if request.drafter_options is None else request.drafter_options
+            request.drafters[name] = create_drafter(name, self.models, **options.get(name, {}))
+        return request.drafters[name]
+
+    def _context(self, request: Request) -> DraftContext:
+        return DraftContext(request.tokens, request.sampling, request.generator,
+                            request.prompt_len, self._hidden(request))
+
+    # -- what a host supplies ------------------------------------------------------------------
+    def clock(self) -> float:
+        raise NotImplementedError
+
+    def idle(self, seconds: float) -> None:
+        raise NotImplementedError
+
+    def runnable_drafters(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def _claim(self) -> int:
+        """The lowest free row, taken (ValueError where none is)."""
+        raise NotImplementedError
+
+    def _release(self, slot: int) -> None:
+        raise NotImplementedError
+
+    def _lookup_seconds(self, name: str, draft: Draft, t0: float) -> float:
+        """What the look-up that made `draft`, begun at `t0` on this host's clock, cost."""
+        return self.clock() - t0
+
+    def _text(self, output: list[int]) -> str:
+        return ""
+
+    def _hidden(self, request: Request):
+        return None
+
+    # the driving loop itself
+    advance = advance_rows  # one step over the rows in flight (a chunk of a joining prompt in it)
+    _decode = decode_rows
+    run = run_jobs  # the closed / open loop over many requests

@@ -28,30 +28,32 @@ from typing import Callable, Sequence
 
 import torch
 
-from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, create_drafter, drafter_class
+from autospec.drafters.base import Draft, Verified, drafter_class
 from autospec.drafters.draft_model import DraftRow
 from autospec.engine.accept import MAX_TOP_LOGPROBS, accept_rows, token_logprobs
-from autospec.engine.jobs import advance_rows, decode_rows, run_jobs
+from autospec.engine.jobs import Host
 from autospec.controller.interface import Controller, StaticController
 from autospec.engine.request import Generation, Proposal, Request, Round
 from autospec.models.attention import pack_rows
 from autospec.models.kv import RowCache, cache_kwarg
 from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
 from autospec.models.sampling import SamplingParams
-from autospec.telemetry import StepRecord, summarise
+from autospec.telemetry import StepRecord
 
 AUTO = "auto"  # generate's default drafter: the adaptive controller chooses
 
-class Engine:
+class Engine(Host):
     """Speculative decoding over a ModelPair, up to `max_batch` requests at once, each in a row
     of `max_len` positions (default: the target's limit; the cache grows as rows reach
-    further). Thread-compatible, not thread-safe."""
+    further). Thread-compatible, not thread-safe. What it keeps of its requests besides the
+    step (finish, abandon, peek, their drafters), and the driving loop: `Host`, engine/jobs.py."""
 
     def __init__(self, models: ModelPair, drafter_options: dict[str, dict] | None = None, *,
                  max_batch: int = 1, max_len: int | None = None,
                  prefill_chunk: int | None = None):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 tokens, got {prefill_chunk}")
+        super().__init__()
         self.prefill_chunk = prefill_chunk  # None: a prompt prefills whole when it joins
         self.models = models
         self.drafter_options = drafter_options or {}
@@ -109,7 +111,7 @@ class Engine:
             raise ValueError(f"request needs {need} positions (prompt {request.prompt_len} + "
                              f"max_new_tokens {request.max_new_tokens}); a row holds "
                              f"{self.cache.max_len} positions (max_len)")
-        request.slot = slot = self.cache.claim()
+        request.slot = slot = self._claim()
         for drafting in self.batch_drafting.values():
             if drafting is not None:
                 drafting.reset(slot)
@@ -136,44 +138,15 @@ class Engine:
             self._forward([request.slot], [request.tokens[start:end]], last=1)
             self.cache.lengths[request.slot] = end
 
-    def finish(self, request: Request) -> Generation:
-        """Free the request's row and summarise. Its drafters are told (`finish`) here, not in
-        a finalizer: what they publish (suffix: to the shared index) precedes the next request."""
-        self.abandon(request)
-        for drafter in request.drafters.values():
-            drafter.finish(self._context(request))
-        record = summarise(request.request_id, request.prompt_len, request.steps,
-                           time.perf_counter() - request.started, request.workload,
-                           request.finish_reason or "length", request.method)
-        text = self.models.tokenizer.decode(request.output, skip_special_tokens=True)
-        return Generation(text, list(request.output), record,
-                          None if request.top_logprobs is None else list(request.logprobs))
+    # finish, abandon, peek, drafter_for: Host (engine/jobs.py), over these rows and this text
+    def _claim(self) -> int:
+        return self.cache.claim()
 
-    def abandon(self, request: Request) -> None:
-        """Free the request's row with no result (its run or its server step failed)."""
-        if request.slot is not None:
-            self.cache.release(request.slot)
-            request.slot = None
+    def _release(self, slot: int) -> None:
+        self.cache.release(slot)
 
-    def peek(self, looked: dict[int, dict[str, Proposal]], request: Request, name: str,
-             k: int) -> Draft | None:
-        """The proposal look-up drafter `name` (`Drafter.peekable`: ngram, suffix; else None)
-        would make now, for a controller deciding before the step (`advance` binds `looked`):
-        kept in looked[slot][name], the step's draft at this context (cut to its k)."""
-        drafter = self.drafter_for(request, name)
-        if not drafter.peekable:
-            return None
-        t0 = time.perf_counter()
-        draft = drafter.propose(self._context(request), k)
-        looked.setdefault(request.slot, {})[name] = Proposal(
-            len(request.tokens), k, draft, time.perf_counter() - t0, by_engine=False)
-        return draft
-
-    def drafter_for(self, request: Request, name: str) -> Drafter:
-        if name not in request.drafters:
-            options = self.drafter_options if request.drafter_options is None else request.drafter_options
-            request.drafters[name] = create_drafter(name, self.models, **options.get(name, {}))
-        return request.drafters[name]
+    def _text(self, output: list[int]) -> str:
+        return self.models.tokenizer.decode(output, skip_special_tokens=True)
 
     # -- the step -------------------------------------------------------------------------
     def step(self, request: Request, drafter_name: str | None, k: int) -> list[int]:  # B = 1
@@ -294,9 +267,8 @@ class Engine:
             rnd.drafter.observe(Verified(len(rnd.draft_tokens), accepted, emitted))
         return record
 
-    def _context(self, request: Request) -> DraftContext:
-        return DraftContext(request.tokens, request.sampling, request.generator, request.prompt_len,
-                            self.cache.hidden_of(request.slot))
+    def _hidden(self, request: Request):  # Host._context: what a feature-level drafter reads
+        return self.cache.hidden_of(request.slot)
 
     def _draft_batched(self, decisions: Sequence[tuple[Request, str | None, int]],
                        looked: dict[int, dict[str, Proposal]]) -> dict[int, dict[str, Proposal]]:
@@ -347,8 +319,8 @@ class Engine:
     def runnable_drafters(self) -> tuple[str, ...]:
         return self.models.runnable_drafters()
 
-    advance = advance_rows  # one step over the rows in flight (a chunk of a joining prompt in it)
-    _decode = decode_rows
+    # advance (one step over the rows in flight, a chunk of a joining prompt in it) and run
+    # (the closed / open loop over many requests): Host, engine/jobs.py
 
     def generate(self, prompt: str | list[int], *, drafter: str | None = AUTO, k: int = 4,
                  controller: Controller | None = None, max_new_tokens: int = 64,
@@ -382,5 +354,3 @@ class Engine:
             self.abandon(request)
             raise
         return self.finish(request)
-
-    run = run_jobs  # the closed / open loop over many requests: engine/jobs.py

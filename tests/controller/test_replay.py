@@ -73,6 +73,26 @@ def test_replaying_a_live_runs_decisions_reproduces_its_acceptance(tiny_engine, 
     assert sum(s.proposed for r in live for s in r.step_records) > 0  # it drafted
 
 
+def test_replay_binds_the_controller_once_before_its_first_step(tiny_trace):
+    """The recorded target is a host like the engine (Controller.bind): the recorded
+    drafters, once, before the first decision, at one row and at several."""
+    from autospec.bench.trace import replay_batch
+
+    class Binding(StaticController):
+        def bind(self, drafters):
+            events.append(("bind", drafters))
+
+        def decide(self, step):
+            events.append("decide")
+            return super().decide(step)
+
+    for rows in (1, 2):
+        events = []
+        replay_batch(tiny_trace, Binding("ngram", 4), rows)
+        assert events[0] == ("bind", ("ngram", "draft-model")), rows
+        assert events.count("decide") > 1 and sum(e != "decide" for e in events) == 1, rows
+
+
 def geometric_trace(alpha: float, c: float, n: int = 3000, seed: int = 0) -> Trace:
     """What the synthetic drafter records: each position accepted with probability alpha."""
     rng = np.random.default_rng(seed)

@@ -123,6 +123,36 @@ def test_controller_sees_every_row_and_its_batch():
     assert calls[0] == 3 and max(calls) == 3 and calls[-1] == 1
 
 
+def test_an_engine_binds_each_controller_once_before_its_first_step():
+    """Controller.bind: told the engine's drafters once, before its first decision, however
+    many steps, runs and generates follow; a second engine tells it again, and a new
+    controller (even one at a freed one's address) is told on its own."""
+    pair = ModelPair(random_llama(12, seed=0), IdTokenizer())
+    events = []
+
+    class Binding(StaticController):
+        def bind(self, drafters):
+            events.append(("bind", id(self), drafters))
+
+        def decide(self, step):
+            events.append(("decide", id(self)))
+            return super().decide(step)
+
+    engine = Engine(pair, max_batch=2, max_len=32)
+    controller = Binding("ngram", 2)
+    engine.run([Job([1, 2, 3, 1, 2], n) for n in (3, 5, 2)], controller)
+    engine.generate([1, 2, 3], controller=controller, max_new_tokens=3)
+    binds = [e for e in events if e[0] == "bind"]
+    assert binds == [("bind", id(controller), pair.runnable_drafters())]
+    assert events[0][0] == "bind" and len(events) > 4
+    Engine(pair, max_len=32).generate([1, 2, 3], controller=controller, max_new_tokens=2)
+    assert [e[0] for e in events].count("bind") == 2  # the second engine's
+    for _ in range(3):  # new controllers, each told once
+        events.clear()
+        engine.generate([1, 2, 3], controller=Binding(None, 0), max_new_tokens=3)
+        assert [e[0] for e in events] == ["bind", "decide", "decide", "decide"]
+
+
 # -- sampling: exact per request, with the request in a batch of mixed drafters ------------
 VOCAB, NEW = 3, 3
 PROMPT = [0, 1, 2, 0, 1]
