@@ -4,7 +4,7 @@
     drafters: [ngram, draft-model, early-exit]   # which drafters the controller may pick
     k_min: 1                                     # smallest K when drafting (K = 0 is always legal)
     k_max: 8
-    controller: {discount: 0.97, ...}            # ControllerSettings' fields
+    controller: {prior_strength: 4.0, ...}       # ControllerSettings' fields
     priors: {ngram: {acceptance_mean: 0.5}}      # per drafter, before any evidence
     workloads:                                   # per-workload overrides of any of the above
       copy-heavy: {k_max: 12, priors: {ngram: {acceptance_mean: 0.8}}}
@@ -43,8 +43,10 @@ PolicyError = ConfigError  # one error type for every config file (autospec.conf
 PRIOR_FIELD = "acceptance_mean"  # priors: {DRAFTER: {acceptance_mean: VALUE}}
 # controller fields a schema-1 file may still carry though the knob is gone: read, warned
 # about and ignored, so a policy kept in version control keeps loading
-RETIRED = {"hysteresis": "removed: with it on or off the controller's replayed tokens/s moved "
-                         "less than the seeds' spread (autospec replay TRACE --knobs)"}
+_NO_EFFECT = ("removed: with it on or off the controller's replayed tokens/s moved less than "
+              "the noise (autospec replay TRACE --knobs)")
+RETIRED = {name: _NO_EFFECT for name in
+           ("hysteresis", "discount", "prior_discount", "thompson", "explore_pooled")}
 log = logging.getLogger("autospec.policy")
 
 
@@ -54,7 +56,7 @@ def policy_knobs() -> dict[str, Knob]:
 
 
 def policy_path(name: str, knob: Knob) -> str:
-    """The field's path in a policy file and a search space: `k_max`, `controller.discount`,
+    """The field's path in a policy file and a search space: `k_max`, `controller.regimes`,
     `priors` (each drafter's value under `priors.DRAFTER`)."""
     return {"": name, "controller": f"controller.{name}", "priors": "priors"}[knob.section]
 
@@ -283,7 +285,7 @@ def knobs_table() -> str:
 
 # -- comparison ------------------------------------------------------------------------------
 def flatten(content: Any, prefix: str = "") -> dict[str, Any]:
-    """{"controller.discount": 0.97, ...} from nested mappings; lists stay values."""
+    """{"controller.prior_strength": 4.0, ...} from nested mappings; lists stay values."""
     if not isinstance(content, dict):
         return {prefix: content}
     out: dict[str, Any] = {}

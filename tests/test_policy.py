@@ -14,12 +14,12 @@ TUNED = """\
 schema_version: 1
 drafters: [ngram, draft-model]
 k_max: 6
-controller: {discount: 0.9, thompson: false}
+controller: {prior_strength: 2.0, regimes: false}
 priors: {ngram: {acceptance_mean: 0.7}}
 workloads:
   copy-heavy:
     k_max: 12
-    controller: {explore_pooled: 8.0}
+    controller: {counterfactual: false}
     priors: {ngram: {acceptance_mean: 0.9}}
   completion:
     drafters: [draft-model]
@@ -59,19 +59,23 @@ def test_a_retired_field_is_read_warned_about_and_ignored():
     log.addHandler(handler)                      # cannot hide it
     log.setLevel(logging.WARNING)
     try:
-        policy = parse_policy("schema_version: 1\ncontroller: {hysteresis: 0.2, discount: 0.9}")
+        policy = parse_policy("schema_version: 1\ncontroller: {hysteresis: 0.2, thompson: false, "
+                              "prior_strength: 2.0}")
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
-    assert policy.to_settings().discount == 0.9
-    assert any("controller.hysteresis: removed" in m and "ignored" in m for m in seen), seen
-    assert policy.policy_hash == parse_policy("schema_version: 1\ncontroller: {discount: 0.9}").policy_hash
+    assert policy.to_settings().prior_strength == 2.0
+    for name in ("hysteresis", "thompson"):
+        assert any(f"controller.{name}: removed" in m and "ignored" in m for m in seen), seen
+    assert policy.policy_hash == parse_policy(
+        "schema_version: 1\ncontroller: {prior_strength: 2.0}").policy_hash
 
 
 def test_workload_overrides_merge_field_by_field(tmp_path):
     policy = load_policy(write(tmp_path, TUNED))
     copy = policy.to_settings("copy-heavy")
-    assert (copy.k_max, copy.explore_pooled, copy.discount, copy.thompson) == (12, 8.0, 0.9, False)
+    assert (copy.k_max, copy.counterfactual, copy.prior_strength, copy.regimes) == (12, False, 2.0,
+                                                                                   False)
     assert policy.resolve("copy-heavy").prior_means["ngram"] == 0.9
     assert policy.resolve("copy-heavy").prior_means["draft-model"] == 0.5  # base's default kept
     assert policy.to_settings("completion").drafters == ("draft-model",)
@@ -95,15 +99,13 @@ def test_hash_ignores_form_and_provenance_but_not_values():
 
 
 @pytest.mark.parametrize("text, error", [
-    ("schema_version: 1\ncontroller: {discount: fast}",
-     "controller.discount: expected a number in (0, 1], got 'fast'"),
-    ("schema_version: 1\ncontroller: {discount: 0}",
-     "controller.discount: expected a number in (0, 1], got 0"),
-    ("schema_version: 1\ncontroller: {discout: 0.9}",
-     "controller.discout: unknown field (did you mean 'discount'? accepted: "
-     "cost_stale_steps, counterfactual, "
-     "discount, explore_pooled, "
-     "prior_discount, prior_strength, regimes, step_cap, thompson)"),
+    ("schema_version: 1\ncontroller: {prior_strength: fast}",
+     "controller.prior_strength: expected a number > 0, got 'fast'"),
+    ("schema_version: 1\ncontroller: {step_cap: 20}",
+     "controller.step_cap: expected a number in [0, 16], got 20"),
+    ("schema_version: 1\ncontroller: {prior_strenght: 0.9}",
+     "controller.prior_strenght: unknown field (did you mean 'prior_strength'? accepted: "
+     "cost_stale_steps, counterfactual, prior_strength, regimes, step_cap)"),
     ("schema_version: 1\nworkloads: {copy-heavy: {k_max: 100}}",
      "workloads.copy-heavy.k_max: expected an integer in [1, 64], got 100"),
     ("schema_version: 1\nk_max: 4\nworkloads: {copy-heavy: {k_min: 6}}",
@@ -112,8 +114,8 @@ def test_hash_ignores_form_and_provenance_but_not_values():
      "drafters[1]: unknown drafter 'ngarm' (known: draft-model, eagle, early-exit, ngram, suffix, synthetic"),
     ("schema_version: 1\npriors: {ngram: {acceptance_mean: 1.0}}",
      "priors.ngram.acceptance_mean: expected a number in (0, 1), got 1.0"),
-    ("schema_version: 1\ncontroller: {thompson: 'yes'}",
-     "controller.thompson: expected true or false, got 'yes'"),
+    ("schema_version: 1\ncontroller: {regimes: 'yes'}",
+     "controller.regimes: expected true or false, got 'yes'"),
     ("schema_version: 1\ncontroller: {prior_strength: 1e-3}",
      "expected a number > 0, got '1e-3' (YAML reads 1e-3 as text: write e.g. 1.0e-3"),
     ("schema_version: 1\ncontroller: {prior_strength: 0}",
@@ -139,7 +141,7 @@ def test_invalid_files_name_file_field_and_accepted_values(tmp_path, text, error
 
 def test_cli_validate_one_line_per_file(tmp_path):
     good = write(tmp_path, TUNED, "good.yaml")
-    bad = write(tmp_path, "schema_version: 1\ncontroller: {discount: fast}", "bad.yaml")
+    bad = write(tmp_path, "schema_version: 1\ncontroller: {prior_strength: fast}", "bad.yaml")
     result = run("validate", DEFAULT, good)
     assert result.exit_code == 0
     assert result.output.splitlines()[0].startswith(f"{DEFAULT}: ok (")
@@ -147,7 +149,7 @@ def test_cli_validate_one_line_per_file(tmp_path):
     assert result.exit_code == 1
     lines = result.output.splitlines()
     assert len(lines) == 3 and lines[0].startswith(f"{good}: ok")
-    assert lines[1] == f"{bad}: controller.discount: expected a number in (0, 1], got 'fast'"
+    assert lines[1] == f"{bad}: controller.prior_strength: expected a number > 0, got 'fast'"
     assert lines[2].startswith(f"{tmp_path / 'missing.yaml'}: cannot read")
 
 
@@ -167,8 +169,8 @@ def test_cli_diff_one_changed_field_per_line(tmp_path):
     assert result.output.splitlines()[:5] == [
         'drafters: ["ngram", "eagle", "draft-model", "early-exit"] -> ["ngram", "draft-model"]',
         "k_max: 16 -> 6",
-        "controller.discount: 0.97 -> 0.9",
-        "controller.thompson: true -> false",
+        "controller.prior_strength: 4.0 -> 2.0",
+        "controller.regimes: true -> false",
         "priors.eagle.acceptance_mean: 0.5 -> (unset)",
     ]
     assert "workloads.copy-heavy.k_max: (unset) -> 12" in result.output

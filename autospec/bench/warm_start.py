@@ -23,7 +23,7 @@ def steps_to_steady(runs: list[list[RequestRecord]], steady_runs: list[list[Requ
     """Steps before `runs` decode within `tolerance` of `steady_runs` on the same tokens.
 
     Both sets decode the same output (a greedy trace), so they are compared token by token:
-    seconds per `window` output tokens, averaged over the runs (seeds). The first window
+    seconds per `window` output tokens, averaged over the runs. The first window
     where runs are within tolerance of steady state (and every later one, on average over
     the remaining windows) gives a token position; the answer is the mean number of steps
     `runs` took to reach it (0 = steady from the first token)."""
@@ -44,39 +44,35 @@ def steps_to_steady(runs: list[list[RequestRecord]], steady_runs: list[list[Requ
     return float(np.mean(steps))
 
 
-def warm_vs_cold(trace, window: int = 16, seeds: int = 10) -> dict:
-    """The warm-start figure on a trace, over `seeds` Thompson seeds.
+def warm_vs_cold(trace, window: int = 16, yesterday=None) -> dict:
+    """The warm-start figure on a trace (replay is deterministic: one run of each), after
+    `yesterday`'s traffic (another trace of the same workload; default: the trace itself).
 
-    steady: a controller that has already decoded the whole trace once, decoding it again.
+    steady: a controller that has already decoded yesterday's traffic, decoding the trace.
     cold:   a new process with no history.
-    warm:   a new process started from a Learner that folded in one earlier run (what the
-            daemon persisted and serves on GET /v1/params).
+    warm:   a new process started from a Learner that folded in yesterday's traffic (what
+            the daemon persisted and serves on GET /v1/params).
     Returns the steps each needs before it decodes within 5 % of steady state."""
     from autospec.bench.trace import replay
     from autospec.controller.adaptive import AdaptiveController, ControllerSettings
     from autospec.daemon.learner import Learner
     drafters = tuple(trace.draft_seconds_per_token)
 
-    def controller(seed: int) -> AdaptiveController:
-        return AdaptiveController(ControllerSettings(drafters=drafters, seed=seed),
-                                  available=drafters)
+    def controller() -> AdaptiveController:
+        return AdaptiveController(ControllerSettings(drafters=drafters), available=drafters)
 
     learner = Learner(k_max=max(trace.k_max, 1))
-    for record in replay(trace, controller(seeds)):  # "yesterday's traffic"
+    yesterday = yesterday or trace
+    for record in replay(yesterday, controller()):
         learner.observe(record)
-    snapshot = learner.snapshot()
-    cold, warm, steady = [], [], []
-    for seed in range(seeds):
-        cold.append(replay(trace, controller(seed)))
-        warm_ctl = controller(seed)
-        warm_ctl.warm_start(snapshot)
-        warm.append(replay(trace, warm_ctl))
-        seasoned = controller(seed)
-        replay(trace, seasoned)
-        steady.append(replay(trace, seasoned))
+    warm_ctl = controller()
+    warm_ctl.warm_start(learner.snapshot())
+    seasoned = controller()
+    replay(yesterday, seasoned)
+    cold, warm, steady = ([replay(trace, ctl)] for ctl in (controller(), warm_ctl, seasoned))
     rate = lambda runs: float(np.mean([sum(r.output_tokens for r in run)  # noqa: E731
                                        / sum(r.wall_seconds for r in run) for run in runs]))
-    return {"window_tokens": window, "seeds": seeds,
+    return {"window_tokens": window,
             "tokens_per_s": {"cold": rate(cold), "warm": rate(warm), "steady": rate(steady)},
             "cold_steps_to_steady": steps_to_steady(cold, steady, window),
             "warm_steps_to_steady": steps_to_steady(warm, steady, window)}

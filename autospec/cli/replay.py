@@ -29,13 +29,14 @@ DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema", HINDS
               help="Instead: steps the adaptive controller needs to reach steady state, cold "
                    "(a new process) vs warm (started from what the daemon learnt).")
 @click.option("--knobs", is_flag=True,
-              help="Instead: each controller knob at its default and switched off (the "
-                   "adaptive controller, over --seeds seeds, at --rows clients): its effect on "
-                   "replayed tokens/s against the seeds' spread.")
-@click.option("--seeds", default=5, show_default=True, type=click.IntRange(min=2),
-              help="Thompson-sampling seeds per setting for --knobs.")
+              help="Instead: each controller knob at its default and switched off, and each "
+                   "constant replay can judge at other values (the adaptive controller at "
+                   "--rows clients, over --resamples resampled runs of the trace): the effect "
+                   "on replayed tokens/s, beyond noise where every resample moves the same way.")
+@click.option("--resamples", default=20, show_default=True, type=click.IntRange(min=2),
+              help="Resampled runs of the trace's requests (drawn with replacement) for --knobs.")
 @trace_pair_option
-def replay(trace_path, controllers, rows, json_path, warm_start, knobs, seeds, pair):
+def replay(trace_path, controllers, rows, json_path, warm_start, knobs, resamples, pair):
     """Simulated tokens/s per controller and category, from the trace's recorded costs."""
     from autospec.bench.trace import Trace
     from autospec.method import parse_methods
@@ -45,7 +46,7 @@ def replay(trace_path, controllers, rows, json_path, warm_start, knobs, seeds, p
             check_trace_pair(trace, trace_path, pair)
         if knobs:
             from autospec.tune.knobs import audit, format_audit
-            audited = audit(trace, seeds, rows)
+            audited = audit(trace, resamples, rows)
             click.echo(format_audit(audited))
             if json_path:
                 json_path.write_text(json.dumps(audited, indent=2) + "\n")

@@ -1,15 +1,15 @@
 """The fast path of the controller: every step, (drafter, k) for every row from the estimates.
 
-Per request: a discounted Beta per drafter and draft position, seeded from the pooled estimate
-of the request's workload (the per-workload prior). Shared by all requests of one engine: the
+Per request: a Beta per drafter and draft position, seeded from the pooled estimate of the
+request's workload (the per-workload prior). Shared by all requests of one engine: the
 cost models (draft seconds per token, the batch-1 verify line, the batch line) and the priors.
 
 Each step, one decision for the step's B >= 1 rows (`decide`, docs/controller.md):
 look-ups first (a look-up drafter's proposal bounds its K; no match, not that drafter this
 step); each row's
-drafter by Thompson sampling at its share of the step (a switch to a drafter with a cache
-priced by its prefill); then every row's K together for the step's goodput, from the posterior means
-(controller/batch.py). After each step: the chosen drafter's estimate and, counterfactually,
+drafter by its posterior means at its share of the step (a switch to a drafter with a cache
+priced by its prefill); then every row's K together for the step's goodput (controller/batch.py).
+A decision is a function of the evidence: the same steps decide the same way. After each step: the chosen drafter's estimate and, counterfactually,
 every look-up drafter's: once the target has verified the tokens, what a look-up drafter
 (`Drafter.peekable`: n-gram, suffix, a registered one) proposed at decide costs microseconds
 to score, so its estimate learns even when it is not chosen. Drafters are known by what their
@@ -20,27 +20,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from autospec.controller.batch import BatchCost, Prices, batch_ks
 from autospec.controller.decide import PLAIN, choose_drafter
-from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
+from autospec.controller.estimates import (DEFAULT_PRIOR_MEAN, POOLED_PRIOR_STRENGTH,
+                                           AcceptanceEstimate, CostModel)
 from autospec.controller.interface import Controller, Decision, Outcome, Step
 from autospec.controller.interface import PLAIN as PLAIN_DECISION
-from autospec.controller.request_state import _RequestState, _score, pooled_evidence
+from autospec.controller.request_state import _RequestState, _score
 from autospec.controller.settings import ControllerSettings
-from autospec.controller.thompson import GaussianThompson
 from autospec.drafters.base import drafter_class
 from autospec.telemetry import POOLED, UNLABELLED, StepRecord
 
-# what the policy's prior mean is worth to a workload's pooled estimate, in observations: the
-# pooled evidence outweighs it within a request or two. Replayed (reference, mixed, held-out
-# at 1 and 16 rows, 5 seeds), 0.5 or 8 moved tokens/s by -0.2..+0.6 %, under the seeds'
-# spread (1.1-1.6 %): any small value serves
-POOLED_PRIOR_STRENGTH = 2.0
-MIN_HOT_EVIDENCE = 1.0  # (discounted) drafts after a full accept before that estimate is used
-SWITCH_HORIZON = 8  # rounds over which a drafter's start-up (cache prefill) is spread
+# drafts after a full accept before that (hot) estimate is used. Replayed: 4 cost 1.0 % of
+# tokens/s on held-out, beyond noise; 0 moved nothing (docs/controller.md)
+MIN_HOT_EVIDENCE = 1.0
+# rounds over which a drafter's start-up (its cache prefill) is spread: a drafter is expected to
+# serve a few rounds once switched to. A trace records no start-ups, so replay cannot judge
+# it: chosen, not measured
+SWITCH_HORIZON = 8
 MIN_CHUNK = 8  # prompt tokens a capped step carries at least: 150 join in <= 19 steps
+# with a step_cap, the most a size's residuals may take off the batch line's fixed price (a
+# share of it): a guard against a few odd steps pricing a plain step near 0. Replay's steps
+# sit on the line, so it never binds there: chosen, not measured
+RESIDUAL_FLOOR = 0.5
 
 
 @dataclass
@@ -58,8 +60,6 @@ class AdaptiveController(Controller):
         # read only when a request starts (or a snapshot is taken), so they are updated then,
         # in one vectorised pass, instead of on every step's path
         self._pending: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-        self.rng = np.random.default_rng(s.seed)
-        self.thompson = GaussianThompson(self.rng)
         self._requests: dict[str, _RequestState] = {}
         self.batch_cost = BatchCost()  # s(B, P) of a batched step (controller/batch.py)
 
@@ -75,8 +75,8 @@ class AdaptiveController(Controller):
 
     def bind(self, drafters: tuple[str, ...]) -> None:
         """The drafters the host can run: the controller keeps those of its own that are
-        among them. Before the first decision only (a host binds before every step: the
-        same names again are a no-op)."""
+        among them. Before its first decision only (each host binds once; a controller
+        driven by a second host keeps what it chose)."""
         bound = tuple(d for d in self.drafters if d in drafters)
         if bound != self.drafters and not self._requests:
             self.available = bound
@@ -88,7 +88,7 @@ class AdaptiveController(Controller):
         if key not in self.priors:
             s = self.settings
             self.priors[key] = {d: AcceptanceEstimate(s.k_max, s.prior_means.get(d, DEFAULT_PRIOR_MEAN),
-                                                      POOLED_PRIOR_STRENGTH, s.prior_discount)
+                                                      POOLED_PRIOR_STRENGTH)
                                 for d in self.drafters}
         prior = self.priors[key]
         for drafter in self.drafters:
@@ -112,12 +112,9 @@ class AdaptiveController(Controller):
             s = self.settings
             prior = self._prior(request.workload)
             acceptance = {(d, hot): AcceptanceEstimate(s.k_max, prior[d].mean_list(),
-                                                       s.prior_strength, s.discount)
+                                                       s.prior_strength)
                           for d in self.drafters for hot in (False, True)}
-            pooled = pooled_evidence(prior, self.drafters, s.explore_pooled, s.k_max)
-            state = self._requests[request.request_id] = _RequestState(acceptance, pooled=pooled)
-            for (drafter, _), estimate in acceptance.items():
-                estimate.explore = self._explore(state, drafter)
+            state = self._requests[request.request_id] = _RequestState(acceptance)
         return state
 
     def warm_start(self, snapshot: dict, only_if_richer: bool = True) -> int:
@@ -162,8 +159,8 @@ class AdaptiveController(Controller):
         """(drafter, K) for every row of a step, B >= 1 alike:
         1. each row's look-ups (`step.peek(row, drafter, k)`, which the step reuses): how far
            each look-up drafter can draft;
-        2. each row's drafter at its share of the step (`Prices.shares`), under Thompson
-           draws;
+        2. each row's drafter at its share of the step (`Prices.shares`), by its posterior
+           means;
         3. every row's K together for the step's goodput (controller/batch.py `batch_ks`):
            a confident row speculates while the others decode plain; a row whose drafter
            gets K = 0 there drafts a look-up drafter's proposal where one has any.
@@ -233,7 +230,7 @@ class AdaptiveController(Controller):
             # this size's own steps (BatchCost.residuals). Not without a cap: the default's
             # goodput choice measured no better with it (docs/controller.md)
             plain, drafted = self.batch_cost.residuals(rows, fitted)
-            fixed = max(fixed + plain, 0.5 * fixed)  # a few odd steps move it by half at most
+            fixed = max(fixed + plain, RESIDUAL_FLOOR * fixed)
             jump = max(jump + drafted - plain, 0.0)
         share = fixed / rows
         # a row's share of the step's jump for drafting at all: as if it drafted alone
@@ -254,31 +251,21 @@ class AdaptiveController(Controller):
 
     def _choose(self, state: _RequestState, request, lengths: dict[str, int], prices: Prices,
                 skip=()) -> str | None:
-        """The row's drafter (None: plain) under Thompson draws at its share of the step,
-        none of `skip`."""
+        """The row's drafter (None: plain) by its posterior means at its share of the
+        step, none of `skip`."""
         names, shares = self.drafters, prices.shares
-        # each drafter's per-position Beta parameters, in Python floats (decide.py says why)
-        estimates = [self._estimate(state, d) for d in names]
+        # each drafter's per-position acceptance means, in Python floats (decide.py says why)
+        means = [self._estimate(state, d).mean_list() for d in names]
         k_max = self.settings.k_max
         draft_s = [self._draft_seconds(d, prices) for d in names]
         limits = [0 if d in skip else min(lengths.get(d, k_max), self._cap_k(d_s, shares))
                   for d, d_s in zip(names, draft_s)]
-        # which drafter (or plain): Thompson draws, so little-tried drafters get explored
-        if self.settings.thompson:
-            draws = self.thompson.draws(estimates, limits)
-        else:
-            draws = [e.mean_list() for e in estimates]
         # a drafter's first run in a request prefills its cache: spread over SWITCH_HORIZON
         context = len(request.tokens)
         switch_s = [0.0 if d in state.used else
                     self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
-        index = choose_drafter(draws, draft_s, shares, limits, switch_s)
+        index = choose_drafter(means, draft_s, shares, limits, switch_s)
         return None if index == PLAIN else names[index]
-
-    def _explore(self, state: _RequestState, drafter: str) -> tuple[list, list] | None:
-        """The workload's evidence a request's estimates of `drafter` draw with."""
-        i = self.drafters.index(drafter)
-        return None if state.pooled is None else (state.pooled[0][i], state.pooled[1][i])
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
         """The estimate of the drafter's regime this step (hot: right after a fully accepted

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from autospec.controller.interface import Decision, RowController, Step
 from autospec.telemetry import StepRecord
 
-TIERS = (1, 2, 4, 8)
+TIERS = (1, 2, 4, 8)  # ctl:ema's K tiers: powers of two up to the traces' usual K, as a user would
 # batch size -> K for ctl:batch-table: K of the smallest size >= the batch, 0 above the last.
 # A starting point, not a tuned table: on this CPU a forward of 16 rows x 5 tokens costs 5.6x
 # one row x 1 token, so deep drafts stop paying well before 16 rows.

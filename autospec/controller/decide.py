@@ -19,7 +19,7 @@ def best_k(alphas, draft_seconds: float, verify: list[float], k_limit: int,
     """(best rate over K >= 1, that K) for one drafter: rate(K) = E(K) / (draft_seconds * K +
     verify[K] + extra_seconds); (0.0, 0) when k_limit < 1. Stops once survival is negligible:
     verify is non-decreasing in K, so no later K can gain more than that survival buys.
-    Each alpha is clipped to [0, 1] (a Gaussian Thompson draw may fall outside)."""
+    Each alpha is clipped to [0, 1]."""
     best_rate, best = 0.0, 0
     expected = survive = 1.0
     for k in range(1, k_limit + 1):
@@ -35,34 +35,34 @@ def best_k(alphas, draft_seconds: float, verify: list[float], k_limit: int,
     return best_rate, best
 
 
-def choose_drafter(draws, draft_seconds: list[float], verify: list[float], limits: list[int],
+def choose_drafter(means, draft_seconds: list[float], verify: list[float], limits: list[int],
                    switch_seconds: list[float]) -> int:
     """Step 1 of `decide_step`: the drafter index with the best expected rate under the
-    draws (PLAIN when none beats plain decoding), a switch priced by `switch_seconds`.
+    posterior means (PLAIN when none beats plain decoding), a switch priced by
+    `switch_seconds`.
     All arguments Python lists (verify: K_max+1 floats; limits: positions each can draft)."""
     plain_rate = 1.0 / verify[0]
     best_rates = [best_k(row, seconds, verify, limit, switch)[0] if limit > 0 else 0.0
-                  for row, seconds, limit, switch in zip(draws, draft_seconds, limits,
+                  for row, seconds, limit, switch in zip(means, draft_seconds, limits,
                                                          switch_seconds)]
     winner = max(range(len(best_rates)), key=best_rates.__getitem__)
     winner_rate = best_rates[winner]
     return PLAIN if winner_rate <= plain_rate else winner
 
 
-def decide_step(draws, means, draft_seconds, verify_seconds, k_limit: int, switch_seconds=None,
+def decide_step(means, draft_seconds, verify_seconds, k_limit: int, switch_seconds=None,
                 available=None) -> tuple[int, int]:
     """One row's decision over D drafters, as (drafter index or PLAIN, k): what
     AdaptiveController.decide_batch does for a batch of one, on arrays.
 
-    draws: (D, K_max) acceptance drawn from each drafter's posterior (Thompson), or the means;
     means: (D, K_max) posterior means; draft_seconds: (D,) per drafted token;
     verify_seconds: (K_max+1,); switch_seconds: (D,) the one-off cost of starting each drafter now (prefilling its cache
     with the context), already spread over the rounds it would serve; 0 for one in use;
     available: (D,) positions each drafter can draft this step (a look-up's proposal length;
     0: no option); None: all. Arrays or lists.
-    1. the drafter: the best expected rate under the draws, plain decoding included;
-    2. K for that drafter from the means (changing K costs nothing: no exploration there),
-       the step's goodput optimum (batch.batch_ks), or plain decoding when no K beats it."""
+    1. the drafter: the best expected rate, plain decoding included;
+    2. K for that drafter: the step's goodput optimum (batch.batch_ks), or plain decoding
+       when no K beats it."""
     from autospec.controller.batch import Prices, batch_ks
     verify = _floats(verify_seconds)
     draft_seconds = _floats(draft_seconds)
@@ -70,12 +70,12 @@ def decide_step(draws, means, draft_seconds, verify_seconds, k_limit: int, switc
     k_limit = min(k_limit, len(verify) - 1)
     if d == 0 or k_limit < 1:
         return PLAIN, 0
-    draws = _floats(draws)
+    means = [_floats(row) for row in _floats(means)]
     switch = [0.0] * d if switch_seconds is None else _floats(switch_seconds)
-    limits = [min(k_limit, len(draws[i]) if available is None else available[i]) for i in range(d)]
-    winner = choose_drafter(draws, draft_seconds, verify, limits, switch)
+    limits = [min(k_limit, len(means[i]) if available is None else available[i]) for i in range(d)]
+    winner = choose_drafter(means, draft_seconds, verify, limits, switch)
     if winner == PLAIN:
         return PLAIN, 0
     prices = Prices(1, verify[0], 0.0, verify, verify, verify[0])
-    k = batch_ks([_floats(means[winner])[:limits[winner]]], [draft_seconds[winner]], prices)[0]
+    k = batch_ks([means[winner][:limits[winner]]], [draft_seconds[winner]], prices)[0]
     return (winner, k) if k else (PLAIN, 0)

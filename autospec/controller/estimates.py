@@ -17,20 +17,32 @@ from __future__ import annotations
 
 from collections import deque
 
-from math import sqrt
 
 import numpy as np
 
 DEFAULT_PRIOR_MEAN = 0.5  # acceptance before any evidence: no opinion either way
-SIZE_PRIOR = 4.0  # observations of one forward size before its own mean counts half
+# observations of one forward size before its own mean counts half. Like CostModel's smoothing
+# and forgetting, a weight against live timing noise that replay cannot judge (a trace's step
+# costs sit exactly on its line): chosen, not measured
+SIZE_PRIOR = 4.0
+# what a workload's pooled estimate's prior (a policy's prior mean) is worth, in observations:
+# the pooled evidence outweighs it within a request or two; the daemon's Learner keeps the same
+# estimates. Replayed at 0.5 and 8 (`autospec replay TRACE --knobs`, docs/controller.md): no
+# effect beyond noise on any trace, so any small value serves
+POOLED_PRIOR_STRENGTH = 2.0
+# what the positions' pooled rate is worth as each position's prior, in observations.
+# Replayed: 0.5 cost 2.2-2.3 % of tokens/s (mixed; the drifting trace at 16 rows) and 32 cost
+# 1.1 % (reference), each beyond noise (docs/controller.md)
+POOL_STRENGTH = 8.0
 
 
 class AcceptanceEstimate:
     """P(accept position j | accepted 0..j-1), j = 0..k_max-1, as a Beta per position.
 
-    Evidence (accepted / rejected counts) is discounted each update. Two levels of shrinkage:
+    Evidence (accepted / rejected counts) is multiplied by `discount` each update (1, the
+    controller's: kept whole; the daemon's Learner ages its own). Two levels of shrinkage:
     the pooled rate m_j = (sum of all positions' evidence + s_prior * prior_mean_j) / (...) is
-    the prior of position j, worth `pool_strength` observations: deep positions, rarely drafted,
+    the prior of position j, worth POOL_STRENGTH observations: deep positions, rarely drafted,
     borrow from shallow ones, and every position's noise shrinks, while the outside prior
     (a workload's pooled estimate) is worth only `prior_strength` observations in all.
 
@@ -41,10 +53,8 @@ class AcceptanceEstimate:
     `beta()`, `mean()`) are built on demand for everything off that path.
     """
 
-    # pool_strength 8: replayed (reference, mixed, held-out, 5 seeds), 0.5 cost 1.5-3.2 % of
-    # tokens/s, beyond the seeds' spread on reference and mixed; 32 moved it under the spread
-    def __init__(self, k_max: int, prior_mean=DEFAULT_PRIOR_MEAN, prior_strength: float = 2.0,
-                 discount: float = 0.98, pool_strength: float = 8.0):
+    def __init__(self, k_max: int, prior_mean=DEFAULT_PRIOR_MEAN,
+                 prior_strength: float = POOLED_PRIOR_STRENGTH, discount: float = 1.0):
         self.k_max = k_max
         if isinstance(prior_mean, (int, float)):
             self._prior_list = [float(prior_mean)] * k_max
@@ -54,14 +64,10 @@ class AcceptanceEstimate:
                 raise ValueError(f"prior_mean has {len(prior)} positions, k_max is {k_max}")
             self._prior_list = prior
         self.strength = prior_strength
-        self.pool_strength = pool_strength
+        self.pool_strength = POOL_STRENGTH
         self.discount = discount
         self._raw_a, self._raw_b = [0.0] * k_max, [0.0] * k_max
         self._scale, self._params, self.total_a, self.total_b = 1.0, None, 0.0, 0.0
-        self._draw = None
-        # evidence added for the Thompson draws only ([accepted, rejected], k_max each): a
-        # request's share of its workload's pooled evidence (AdaptiveController.explore_pooled)
-        self.explore: tuple[list[float], list[float]] | None = None
 
     def _set(self, ev_a, ev_b, total_a: float | None = None, total_b: float | None = None) -> None:
         """Replace the evidence (and its totals, summed here unless given); the cached Beta
@@ -69,7 +75,7 @@ class AcceptanceEstimate:
         self._raw_a = [float(x) for x in ev_a]
         self._raw_b = [float(x) for x in ev_b]
         self._scale = 1.0
-        self._params = self._draw = None
+        self._params = None
         self.total_a = float(sum(self._raw_a)) if total_a is None else total_a
         self.total_b = float(sum(self._raw_b)) if total_b is None else total_b
 
@@ -111,7 +117,7 @@ class AcceptanceEstimate:
             self._raw_b[accepted] += step
         self.total_a = self.total_a * d + kept
         self.total_b = self.total_b * d + rejected
-        self._params = self._draw = None
+        self._params = None
 
     def update_many(self, proposed, accepted) -> None:
         """`update` for each (proposed[i], accepted[i]) in order (each is O(accepted) in
@@ -139,19 +145,6 @@ class AcceptanceEstimate:
         if self._means is None:
             self._means = [x / (x + y) for x, y in zip(a, b)]
         return self._means
-
-    def draw_params(self) -> tuple[list[float], list[float]]:
-        """(mean, standard deviation) per position of the Beta the Thompson draws sample:
-        the posterior plus the `explore` evidence (cached until an update)."""
-        if self._draw is None:
-            a, b = self.beta_lists()
-            if self.explore is not None:
-                a = [x + y for x, y in zip(a, self.explore[0])]
-                b = [x + y for x, y in zip(b, self.explore[1])]
-            totals = [x + y for x, y in zip(a, b)]
-            self._draw = ([x / t for x, t in zip(a, totals)],
-                          [sqrt(x * y / (t * t * (t + 1.0))) for x, y, t in zip(a, b, totals)])
-        return self._draw
 
     def first_observations(self) -> float:
         """Discounted drafts observed at position 0 (every verified draft observes it)."""

@@ -11,7 +11,7 @@ from autospec.drafters.base import agreeing_prefix
 
 @dataclass
 class _RequestState:
-    """Per request: discounted estimates per drafter. Acceptance is bursty — a model copying
+    """Per request: estimates per drafter. Acceptance is bursty — a model copying
     its prompt, or looping, accepts whole drafts many steps in a row, then stops — so besides
     the estimate over all of a drafter's steps (hot = False) there is one over the steps that
     follow a fully accepted draft (hot = True), used right after one. A run of full accepts
@@ -23,9 +23,6 @@ class _RequestState:
     used: set = field(default_factory=set)  # drafters that have run in this request
     looked: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # look-up drafter ->
     # (context length, its proposal) at decide, scored counterfactually when another ran
-    # [accepted, rejected] x D x k_max: the workload's pooled evidence the drafter-choice
-    # draws add (explore_pooled)
-    pooled: list | None = None
 
 
 def _score(proposal: list[int], verified: list[int]) -> tuple[int, int]:
@@ -37,19 +34,3 @@ def _score(proposal: list[int], verified: list[int]) -> tuple[int, int]:
         return matched, matched
     return len(proposal), matched
 
-
-def pooled_evidence(prior: dict[str, AcceptanceEstimate], drafters: tuple[str, ...], cap: float,
-                    k_max: int) -> list | None:
-    """[accepted, rejected], each D lists of k_max floats: a workload's pooled counts per
-    drafter, each scaled to at most `cap` observations (at its best-seen position) — what a
-    request's drafter-choice draws add to its own posterior (explore_pooled; None: 0)."""
-    if not cap:
-        return None
-    accepted, rejected = [], []
-    for drafter in drafters:
-        ev_a, ev_b = prior[drafter].evidence_lists()
-        seen = max(x + y for x, y in zip(ev_a, ev_b))
-        scale = min(1.0, cap / seen) if seen > 0 else 0.0
-        accepted.append([x * scale for x in ev_a] if seen > 0 else [0.0] * k_max)
-        rejected.append([x * scale for x in ev_b] if seen > 0 else [0.0] * k_max)
-    return [accepted, rejected]

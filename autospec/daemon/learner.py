@@ -23,7 +23,8 @@ from typing import Iterable
 import numpy as np
 
 from autospec.controller.batch import BatchCost
-from autospec.controller.estimates import DEFAULT_PRIOR_MEAN, AcceptanceEstimate, CostModel
+from autospec.controller.estimates import (DEFAULT_PRIOR_MEAN, POOLED_PRIOR_STRENGTH,
+                                           AcceptanceEstimate, CostModel)
 from autospec.store.queries import Estimate
 from autospec.telemetry import POOLED, RequestRecord
 
@@ -42,7 +43,8 @@ class Learner:
     def _estimate(self, workload: str, drafter: str) -> AcceptanceEstimate:
         per_drafter = self.acceptance.setdefault(workload, {})
         if drafter not in per_drafter:
-            per_drafter[drafter] = AcceptanceEstimate(self.k_max, DEFAULT_PRIOR_MEAN, 2.0, self.discount)
+            per_drafter[drafter] = AcceptanceEstimate(self.k_max, DEFAULT_PRIOR_MEAN, POOLED_PRIOR_STRENGTH,
+                                                         self.discount)
         return per_drafter[drafter]
 
     def observe(self, record: RequestRecord) -> None:

@@ -35,9 +35,8 @@ def policy_for(params: ControllerSettings, provenance: Provenance = Provenance()
     return Policy(SCHEMA_VERSION, params, MappingProxyType({}), MappingProxyType({}), provenance)
 
 
-def build_controller(params: ControllerSettings, available: tuple[str, ...] | None = None,
-                     seed: int = 0) -> AdaptiveController:
+def build_controller(params: ControllerSettings,
+                     available: tuple[str, ...] | None = None) -> AdaptiveController:
     """The controller for resolved policy parameters (Policy.resolve(workload)): the same one
     `autospec serve` builds from the daemon's parameters."""
-    return AdaptiveController(dataclasses.replace(params, seed=seed),
-                              available=available)
+    return AdaptiveController(params, available=available)

@@ -1,74 +1,125 @@
-"""Does each knob earn its place? (`autospec replay TRACE --knobs`)
+"""Does each knob and constant earn its place? (`autospec replay TRACE --knobs`)
 
 For every knob of ControllerSettings that shapes the adaptive controller's choices, replay the
 trace with the knob at its default and at its neutral value (the setting that switches the
-mechanism off), each over the same Thompson-sampling seeds. A knob's effect is the change in
-replayed tokens/s; the noise it is judged against is the spread of the default's figure over
-those seeds (replay is otherwise deterministic). A knob whose effect does not exceed the
-spread on any trace has not shown it pays.
+mechanism off); for each module constant replay can judge (CONSTANTS), at its value and at
+each value tried in its place. Replay is deterministic, so the noise a knob's effect is judged against is the
+workload's: the trace's requests resampled (drawn with replacement, as many, kept in the
+trace's order, so a trace that drifts still drifts), each resample replayed with the knob on and off. A knob's effect is the change in
+replayed tokens/s (default ÷ off − 1) on each resample; it is beyond noise only where every
+resample moves the same way (the range of its effects excludes 0). A knob beyond noise on no
+trace has not shown it pays and goes.
 
-Knobs not audited here, and why: drafters, k_min, k_max and seed set the controller's range,
-not a mechanism; step_cap is off by default (a latency bound, policies/latency.yaml);
+Knobs not audited here, and why: drafters, k_min and k_max set the controller's range, not a
+mechanism; step_cap is off by default (a latency bound, policies/latency.yaml);
 cost_stale_steps guards against locking into plain decoding after slow first forwards, which
 a trace's recorded costs never show (tests/controller/test_controller_robust.py shows it).
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import random
 import statistics
+from contextlib import contextmanager
 
 from autospec.controller.adaptive import AdaptiveController
 from autospec.controller.settings import ControllerSettings
 
 # the value of each audited knob that switches its mechanism off
 NEUTRAL = {
-    "discount": 1.0,  # a request's evidence never decays
     "prior_strength": 0.1,  # the pooled per-workload prior worth a tenth of an observation
-    "prior_discount": 1.0,  # the pooled estimates never decay
-    "thompson": False,  # posterior means, no sampling
     "counterfactual": False,  # look-ups scored only when they ran
     "regimes": False,  # one estimate whatever the last draft did
-    "explore_pooled": 0.0,  # a request's own posterior alone for the drafter choice
 }
 
 
-def tokens_per_second(trace, settings: ControllerSettings, rows: int = 1) -> float:
-    """Replayed tokens/s of the whole run: `rows` closed-loop clients over the trace."""
+def resample(trace, seed: int) -> list:
+    """The trace's requests drawn with replacement, as many as it has, in the trace's order,
+    each draw under its own id: another run of the same workload."""
+    n = len(trace.requests)
+    picks = sorted(random.Random(seed).choices(range(n), k=n))
+    return [dataclasses.replace(trace.requests[i], id=f"{trace.requests[i].id}#{at}")
+            for at, i in enumerate(picks)]
+
+
+def tokens_per_second(trace, settings: ControllerSettings, rows: int = 1,
+                      requests: list | None = None) -> float:
+    """Replayed tokens/s of the whole run: `rows` closed-loop clients over the trace's
+    requests (or `requests`)."""
     from autospec.bench.trace import replay_batch
     drafters = tuple(trace.draft_seconds_per_token)
-    records, seconds = replay_batch(trace, AdaptiveController(settings, available=drafters), rows)
+    records, seconds = replay_batch(trace, AdaptiveController(settings, available=drafters),
+                                    rows, requests)
     return sum(r.output_tokens for r in records) / seconds
 
 
-def audit(trace, seeds: int = 5, rows: int = 1) -> list[dict]:
-    """One row per audited knob: its default and neutral values, the replayed tokens/s at each
-    (mean over `seeds` seeds, `rows` clients), the effect (default ÷ neutral - 1) and the
-    default's spread over the seeds ((max - min) ÷ mean), and whether the effect exceeds it."""
+# module constants replay can judge, each with the values tried in its place (a constant
+# must have some value: one whose alternatives move nothing beyond noise says "any of these
+# serves" where it is defined). Not here, because replay cannot judge them: CostModel's and
+# BatchCost's forgetting, smoothing and SIZE_PRIOR (a trace's step costs sit on its line, so
+# every estimator converges), SWITCH_HORIZON (a trace records no drafter's start-up), MIN_CHUNK
+# and RESIDUAL_STEPS (only with step_cap, and a replay joins prompts whole)
+CONSTANTS = {
+    ("autospec.controller.adaptive", "POOLED_PRIOR_STRENGTH"): (0.5, 8.0),
+    ("autospec.controller.estimates", "POOL_STRENGTH"): (0.5, 32.0),
+    ("autospec.controller.adaptive", "MIN_HOT_EVIDENCE"): (0.0, 4.0),
+    ("autospec.controller.batch", "MIN_BATCH_STEPS"): (1.0, 16.0),
+    ("autospec.controller.batch", "UNMEASURED_PRIOR"): (0.01, 0.25),
+    ("autospec.controller.batch", "STALE_JUMP_STEPS"): (2.0, 32.0),
+}
+
+
+@contextmanager
+def constant(module: str, name: str, value):
+    """The controller's module constant `name` set to `value` for the block."""
+    target = importlib.import_module(module)
+    kept = getattr(target, name)
+    setattr(target, name, value)
+    try:
+        yield
+    finally:
+        setattr(target, name, kept)
+
+
+def audit(trace, resamples: int = 10, rows: int = 1) -> list[dict]:
+    """One row per audited knob (its neutral value) and per constant (each value tried in its
+    place): the replayed tokens/s at each (mean over `resamples` resampled runs of the trace,
+    `rows` clients), the effect (ours ÷ other − 1, mean over the resamples) and its range over
+    them, and whether that range excludes 0 (beyond noise)."""
     base = ControllerSettings()
+    runs = [resample(trace, r) for r in range(resamples)]
+    ours = [tokens_per_second(trace, base, rows, run) for run in runs]
 
-    def mean_over_seeds(settings) -> tuple[float, float]:
-        figures = [tokens_per_second(trace, dataclasses.replace(settings, seed=s), rows)
-                   for s in range(seeds)]
-        mean = statistics.fmean(figures)
-        return mean, (max(figures) - min(figures)) / mean
+    def row(name: str, value, other, figures: list[float]) -> dict:
+        effects = [d / o - 1 for d, o in zip(ours, figures)]
+        low, high = min(effects), max(effects)
+        return {"name": name, "value": value, "other": other,
+                "tokens_per_s": statistics.fmean(ours),
+                "tokens_per_s_other": statistics.fmean(figures),
+                "effect": statistics.fmean(effects), "effect_low": low, "effect_high": high,
+                "beyond_noise": low > 0 or high < 0}
 
-    default, spread = mean_over_seeds(base)
     audited = []
     for name, neutral in NEUTRAL.items():
-        off, _ = mean_over_seeds(dataclasses.replace(base, **{name: neutral}))
-        effect = default / off - 1
-        audited.append({"knob": name, "default": getattr(base, name), "neutral": neutral,
-                        "tokens_per_s_default": default, "tokens_per_s_neutral": off,
-                        "effect": effect, "spread": spread, "exceeds_spread": abs(effect) > spread})
+        settings = dataclasses.replace(base, **{name: neutral})
+        audited.append(row(name, getattr(base, name), neutral,
+                           [tokens_per_second(trace, settings, rows, run) for run in runs]))
+    for (module, name), others in CONSTANTS.items():
+        for other in others:
+            with constant(module, name, other):
+                figures = [tokens_per_second(trace, base, rows, run) for run in runs]
+            audited.append(row(name, getattr(importlib.import_module(module), name), other,
+                               figures))
     return audited
 
 
 def format_audit(rows: list[dict]) -> str:
-    lines = ["| knob | default | neutral | tok/s default | tok/s neutral | effect | seeds' "
-             "spread | beyond noise |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| knob or constant | ours | other | tok/s ours | tok/s other | effect | range over "
+             "resamples | beyond noise |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['knob']} | {r['default']} | {r['neutral']} | "
-                     f"{r['tokens_per_s_default']:.1f} | {r['tokens_per_s_neutral']:.1f} | "
-                     f"{r['effect']:+.1%} | {r['spread']:.1%} | "
-                     f"{'yes' if r['exceeds_spread'] else 'no'} |")
+        lines.append(f"| {r['name']} | {r['value']} | {r['other']} | "
+                     f"{r['tokens_per_s']:.1f} | {r['tokens_per_s_other']:.1f} | "
+                     f"{r['effect']:+.1%} | {r['effect_low']:+.1%} .. {r['effect_high']:+.1%} | "
+                     f"{'yes' if r['beyond_noise'] else 'no'} |")
     return "\n".join(lines)

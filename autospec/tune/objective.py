@@ -42,7 +42,6 @@ def load_traces(paths: list[str | Path]) -> list[tuple[str, Trace]]:
 class ReplayObjective:
     traces: list[tuple[str, Trace]]
     chunk: int = 4  # requests between intermediate reports
-    seed: int = 0  # Thompson sampling's seed: the same trial always scores the same
     kind: str = field(default="replay", init=False)
 
     def __post_init__(self):
@@ -59,8 +58,7 @@ class ReplayObjective:
         """Running (tokens, seconds) after each chunk of requests, over every trace in turn.
         One controller for all of them, as one engine would serve them."""
         missing = [d for d in params.drafters if d not in self.available]
-        ctl = build_controller(params, tuple(d for d in params.drafters if d not in missing),
-                               self.seed)
+        ctl = build_controller(params, tuple(d for d in params.drafters if d not in missing))
         tokens, seconds = 0, 0.0
         for _, trace in self.traces:
             requests = trace.requests
@@ -78,7 +76,6 @@ class LiveObjective:
     workload_path: str
     max_new_tokens: int = 128
     chunk: int = 4
-    seed: int = 0
     kind: str = field(default="live", init=False)
 
     def __post_init__(self):
@@ -97,8 +94,7 @@ class LiveObjective:
                                  max_new_tokens=8)
 
     def run(self, params: ControllerSettings) -> Iterator[tuple[int, float]]:
-        ctl = build_controller(params, tuple(d for d in params.drafters if d in self.available),
-                               self.seed)
+        ctl = build_controller(params, tuple(d for d in params.drafters if d in self.available))
         tokens, seconds = 0, 0.0
         for i in range(0, len(self.prompts), self.chunk):
             for p, ids in zip(self.prompts[i:i + self.chunk], self.ids[i:i + self.chunk]):

@@ -5,9 +5,8 @@
     k_min: {low: 1, high: 3}
     k_max: {low: 2, high: 16, grid: [4, 8, 16]}
     controller:
-      discount: {low: 0.85, high: 0.999, grid: [0.9, 0.97, 0.995]}
       prior_strength: {low: 0.5, high: 32, log: true}
-      thompson: {choices: [true, false]}
+      regimes: {choices: [true, false]}
     priors: {ngram: {low: 0.2, high: 0.95}}                 # acceptance_mean per drafter
 
 A field is a range (`low`, `high`, optional `log`, `step`), a list of `choices`, or a plain
@@ -15,7 +14,7 @@ value (fixed: written into every trial, not searched). `grid` lists the values a
 grid (`tune --grid`) and a discretised search (`--discrete`) use; without it a range
 contributes `low`, the middle and `high` (geometric middle when `log`), an int range each
 integer when there are at most 8. Trial parameter names are the policy's field paths
-(`controller.discount`, `priors.ngram`), so a trial exports to a policy field by field.
+(`controller.prior_strength`, `priors.ngram`), so a trial exports to a policy field by field.
 The fields a space may name, their kinds and bounds are the policy's (ControllerSettings'
 tunable knobs), and each value is checked by the policy validator's own check.
 """
@@ -40,7 +39,7 @@ _OPTUNA_KIND = {"int": "int", "float": "float", "bool": "bool", "drafters": "lis
 
 def searchable() -> dict[str, Knob]:
     """{field path: Knob} for every policy field a space may name: `k_max`,
-    `controller.discount`, `priors` (as `priors.DRAFTER`). Derived from ControllerSettings."""
+    `controller.prior_strength`, `priors` (as `priors.DRAFTER`). Derived from ControllerSettings."""
     return {policy_path(name, knob): knob for name, knob in policy_knobs().items()}
 
 
@@ -51,7 +50,7 @@ def knob_at(name: str) -> Knob:
 
 @dataclass(frozen=True)
 class Param:
-    name: str  # the policy field path: "k_max", "controller.discount", "priors.ngram"
+    name: str  # the policy field path: "k_max", "controller.prior_strength", "priors.ngram"
     kind: str  # "int" | "float" | "bool" | "list" (lists travel as "a,b" strings: Optuna
     #            categorical choices must be scalars)
     low: float | None = None

@@ -74,7 +74,7 @@ def env(tmp_path):
 def test_shipped_spaces_load_and_discretise():
     space = load_space(shipped_space("default"))
     names = {p.name for p in space.params}
-    assert {"drafters", "k_min", "k_max", "controller.discount", "controller.thompson",
+    assert {"drafters", "k_min", "k_max", "controller.prior_strength", "controller.regimes",
             "priors.ngram"} <= names
     assert 100 <= space.grid_size() <= 1000
     assert max(space.clamp_k(8).grid()["k_max"]) <= 8
@@ -83,10 +83,10 @@ def test_shipped_spaces_load_and_discretise():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("schema_version: 1\ncontroller: {discont: {low: 0.9, high: 0.99}}\n",
-     "controller.discont: unknown field (did you mean 'discount'?"),
-    ("schema_version: 1\ncontroller: {discount: {low: 0.99, high: 0.9}}\n",
-     "controller.discount: low 0.99 is above high 0.9"),
+    ("schema_version: 1\ncontroller: {prior_strenght: {low: 0.9, high: 0.99}}\n",
+     "controller.prior_strenght: unknown field (did you mean 'prior_strength'?"),
+    ("schema_version: 1\ncontroller: {prior_strength: {low: 0.99, high: 0.9}}\n",
+     "controller.prior_strength: low 0.99 is above high 0.9"),
     ("schema_version: 1\nk_max: {low: 1, high: 99}\n",
      "k_max.high: 99 is outside what a policy accepts (an integer in [1, 64])"),
     ("schema_version: 1\ndrafters: {choices: [[ngram, ngarm]]}\n",
