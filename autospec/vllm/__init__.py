@@ -14,6 +14,8 @@ that runs vLLM:
     AUTOSPEC_DAEMON   the daemon (unix:PATH or http://HOST:PORT); unset: learn locally only
     AUTOSPEC_POLICY   a policy file (autospec policy validate); unset: the daemon's, else defaults
     AUTOSPEC_WORKLOAD the workload label its requests' telemetry carries (default: vllm)
+    AUTOSPEC_DRAFTER_OPTIONS  the look-up drafters' options, JSON {drafter: {option: value}}
+                      (our engine's drafter_options); unset: their defaults
 """
 from autospec.vllm.proposer import Proposer
 

@@ -26,9 +26,11 @@ decide, observe) over vLLM's step seconds are in `proposer_share` per adaptive m
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -109,35 +111,46 @@ def parse_vllm_methods(text: str, k_limit: int, eagle_dir: str | None = None,
 
 
 def start_engines(model: str, methods: list[VllmMethod], dtype: str, max_len: int, rows: int,
-                  seed: int, progress=None) -> dict:
-    """One vLLM engine per vLLM method, each in its own process."""
+                  seed: int, progress=None, drafter_options: dict | None = None) -> dict:
+    """One vLLM engine per vLLM method, each in its own process (the proposer's with
+    `drafter_options`, as our engine's)."""
     import vllm
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # proposer_stats' RPC
     # each engine in a process of its own: two engines in one process fail in vLLM 0.32 (its
     # CPU platform re-registers its kernel overrides), and one idle engine must not slow another
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    options = json.dumps(drafter_options) if drafter_options else None
     engines = {}
     for m in methods:
         if m.ours is not None:
             continue
-        saved = os.environ.get("AUTOSPEC_POLICY")
-        if m.policy:  # the engine process reads it at start
-            os.environ["AUTOSPEC_POLICY"] = m.policy
-        else:
-            os.environ.pop("AUTOSPEC_POLICY", None)
-        try:
+        # the engine process reads them at start
+        with _environ(AUTOSPEC_POLICY=m.policy, AUTOSPEC_DRAFTER_OPTIONS=options):
             engines[m.spec] = vllm.LLM(model, dtype=dtype, enforce_eager=True, max_model_len=max_len,
                                        max_num_seqs=rows, kv_cache_memory_bytes=KV_CACHE_BYTES,
                                        speculative_config=m.speculative_config, seed=seed,
                                        disable_log_stats=False)
-        finally:
-            if saved is None:
-                os.environ.pop("AUTOSPEC_POLICY", None)
-            else:
-                os.environ["AUTOSPEC_POLICY"] = saved
         if progress:
             progress(f"vLLM engine for {m.spec} started")
     return engines
+
+
+@contextmanager
+def _environ(**values: str | None):
+    """The environment with `values` set (None: unset), as it was after."""
+    saved = {name: os.environ.get(name) for name in values}
+
+    def put(pairs: dict) -> None:
+        for name, value in pairs.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    put(values)
+    try:
+        yield
+    finally:
+        put(saved)
 
 
 def proposer_stats(worker) -> tuple[float, float, int, int] | None:
@@ -150,67 +163,50 @@ def proposer_stats(worker) -> tuple[float, float, int, int] | None:
 
 def drive(llm, jobs: list[tuple[list[int], int]], level: int, temperature: float, seed: int,
           tag: str) -> LoadRun:
-    """`level` closed-loop clients over `jobs` ((prompt ids, max new tokens) each) through one
-    vLLM engine's add_request / step: the tokens, TTFT and ITL of each request."""
-    import vllm
-    engine = llm.llm_engine
-    run = LoadRun([None] * len(jobs), [f"{tag}-{i}" for i in range(len(jobs))], 0.0)
-    pending, active = deque(range(len(jobs))), {}
-    seen: dict[str, int] = {}
-    steps: dict[str, int] = {}
-    last: dict[str, float] = {}
-    t0 = time.perf_counter()
-    while pending or active:
-        while pending and len(active) < level:
-            i = pending.popleft()
-            rid = run.request_ids[i]
-            params = vllm.SamplingParams(temperature=temperature, max_tokens=jobs[i][1],
-                                         seed=seed if temperature else None)
-            engine.add_request(rid, {"prompt_token_ids": jobs[i][0]}, params)
-            active[rid] = (i, time.perf_counter())
-            seen[rid], steps[rid] = 0, 0
-        for out in engine.step():
-            rid = out.request_id
-            if rid not in active:
-                continue
-            i, sent = active[rid]
-            now, tokens = time.perf_counter(), out.outputs[0].token_ids
-            new = len(tokens) - seen[rid]
-            if new > 0:
-                if seen[rid] == 0:
-                    run.ttft_s[rid] = now - sent
-                else:
-                    run.itl_s[rid].extend([(now - last[rid]) / new] * new)
-                last[rid] = now
-                seen[rid] = len(tokens)
-                steps[rid] += 1
-            if out.finished:
-                run.results[i] = RunResult(list(tokens), now - sent, steps=steps[rid])
-                del active[rid]
-    run.wall_s = time.perf_counter() - t0
-    return run
+    """`level` closed-loop clients over `jobs` ((prompt ids, max new tokens) each), each client
+    sending its next job when its last ends: the tokens, TTFT and ITL of each request."""
+    sent, results = _drive(llm, jobs, temperature, seed, tag,
+                           lambda i, in_flight, elapsed: elapsed if in_flight < level else None)
+    ids = [f"{tag}-{i}" for i in range(len(jobs))]
+    return LoadRun(results, ids, sent.wall_s, {ids[i]: s for i, s in sent.ttft_s.items()},
+                   {ids[i]: s for i, s in sent.itl_s.items()})
 
 
 def drive_open(llm, jobs, times: list[float], temperature: float, seed: int, tag: str) -> Sent:
     """Open loop: job i sent `times[i]` seconds after the start whatever the engine does; a
     request that finds every row taken waits in vLLM's own queue (its wait is inside TTFT)."""
+    sent, results = _drive(llm, [(job.prompt, job.max_new_tokens) for job in jobs], temperature,
+                           seed, tag, lambda i, in_flight, elapsed: times[i])
+    sent.tokens = [r.token_ids for r in results]
+    return sent
+
+
+def _drive(llm, jobs: list[tuple[list[int], int]], temperature: float, seed: int, tag: str,
+           due: Callable[[int, int, float], float | None]) -> tuple[Sent, list[RunResult]]:
+    """The add_request / step loop under drive and drive_open: jobs go in order, job i once
+    `due(i, requests in flight, seconds since the start)` seconds after the start (None: not
+    yet). Each request's TTFT and latency run from when it was due. (Sent by job index, its
+    tokens left unset; each job's RunResult: tokens, latency, steps that emitted.)"""
     import vllm
     engine = llm.llm_engine
     run = Sent([None] * len(jobs), {}, {}, {}, [], [], 0.0)
-    pending, active, seen, last = deque(range(len(jobs))), {}, {}, {}
+    results: list[RunResult] = [None] * len(jobs)
+    pending, active = deque(range(len(jobs))), {}  # request id -> (job, when due)
+    seen, steps, last = [0] * len(jobs), [0] * len(jobs), [0.0] * len(jobs)
+    params = [vllm.SamplingParams(temperature=temperature, max_tokens=n,
+                                  seed=seed if temperature else None) for _, n in jobs]
     t0 = time.perf_counter()
     while pending or active:
-        now = time.perf_counter()
-        while pending and t0 + times[pending[0]] <= now:
+        while pending:
+            elapsed = time.perf_counter() - t0
+            at = due(pending[0], len(active), elapsed)
+            if at is None or at > elapsed:
+                break
             i = pending.popleft()
-            job = jobs[i]
-            params = vllm.SamplingParams(temperature=temperature, max_tokens=job.max_new_tokens,
-                                         seed=seed if temperature else None)
-            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": list(job.prompt)}, params)
-            active[f"{tag}-{i}"] = (i, t0 + times[i])
-            seen[i] = 0
-        if not active:
-            time.sleep(max(0.0, t0 + times[pending[0]] - time.perf_counter()))
+            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": list(jobs[i][0])}, params[i])
+            active[f"{tag}-{i}"] = (i, t0 + at)
+        if not active:  # ahead of the schedule: nothing to step until the next is due
+            time.sleep(max(0.0, t0 + at - time.perf_counter()))
             continue
         for out in engine.step():
             if out.request_id not in active:
@@ -225,11 +221,12 @@ def drive_open(llm, jobs, times: list[float], temperature: float, seed: int, tag
                 else:
                     run.itl_s.setdefault(i, []).extend([(now - last[i]) / new] * new)
                 last[i], seen[i] = now, len(tokens)
+                steps[i] += 1
             if out.finished:
-                run.tokens[i] = list(tokens)
+                results[i] = RunResult(list(tokens), now - sent, steps=steps[i])
                 del active[out.request_id]
     run.wall_s = time.perf_counter() - t0
-    return run
+    return run, results
 
 
 def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[VllmMethod],
@@ -247,7 +244,8 @@ def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[Vllm
     theirs = [m for m in methods if m.ours is None]
     ours = [m for m in methods if m.ours is not None]
     width = max(levels + ([rows] if schedule else []))
-    engines = start_engines(model, theirs, dtype, max_len, width, seed, progress)
+    engines = start_engines(model, theirs, dtype, max_len, width, seed, progress,
+                            engine.drafter_options)
     warm = [(ids, 8) for ids, _ in jobs[:width]]
     for spec, llm in engines.items():  # warm-up: lazy init, the first forwards at every width
         drive(llm, warm, width, temperature, seed, f"warm-{spec}")

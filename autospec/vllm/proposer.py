@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from autospec.controller.adaptive import AdaptiveController
 from autospec.controller.interface import Lookups, Outcome, Step, lookup_drafters
 from autospec.controller.settings import ControllerSettings
-from autospec.drafters.base import Draft, known_drafters
+from autospec.drafters.base import Draft, create_drafter, drafter_class, known_drafters
 from autospec.telemetry import StepRecord, summarise
 
 log = logging.getLogger("vllm.autospec")  # under vLLM's logger: its handlers and format
@@ -100,6 +101,29 @@ def settings_from_env(k_limit: int) -> tuple[ControllerSettings, str | None]:
     return fit(settings, k_limit), path
 
 
+def drafter_options_from_env() -> dict[str, dict]:
+    """AUTOSPEC_DRAFTER_OPTIONS: the drafters' options as our engine takes them (its
+    drafter_options, bench's --drafter-option), a JSON object {drafter: {option: value}};
+    unset: none. Each look-up drafter's are checked by building one with them; a model
+    drafter's are unused (it does not run here). A ProposerConfigError names the bad entry."""
+    raw = os.environ.get("AUTOSPEC_DRAFTER_OPTIONS") or "{}"
+    try:
+        options = json.loads(raw)
+    except ValueError:
+        options = None
+    if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
+        raise ProposerConfigError('AUTOSPEC_DRAFTER_OPTIONS: expected a JSON object {drafter: '
+                                  '{option: value}}, e.g. {"suffix": {"min_confidence": 0}}, '
+                                  f'got {raw!r}')
+    for name, given in options.items():
+        try:
+            if drafter_class(name).peekable:
+                create_drafter(name, None, **given)
+        except (TypeError, ValueError) as exc:
+            raise ProposerConfigError(f"AUTOSPEC_DRAFTER_OPTIONS.{name}: {exc}") from None
+    return options
+
+
 def fit(settings: ControllerSettings, k_limit: int) -> ControllerSettings:
     drafters = lookup_drafters(settings.drafters) or ("ngram",)
     k_max = min(settings.k_max, k_limit)
@@ -121,7 +145,7 @@ class Proposer:
         self.settings, self.policy_path = settings_from_env(k_limit)
         self.workload = os.environ.get("AUTOSPEC_WORKLOAD") or None
         self.controller = self._controller(self.settings)
-        self.lookups = Lookups()
+        self.lookups = Lookups(drafter_options_from_env())
         self.rows: dict[str, _Row] = {}
         self.stats = ProposerStats()
         self._batch: tuple[list[str], object, int] | None = None  # begin's (ids, prompts, tokens)
@@ -140,9 +164,9 @@ class Proposer:
                                    hardware_key())
             atexit.register(self.link.close)
         _wrap_runner()
-        log.info("autospec proposer: drafters %s, K <= %d, policy %s, daemon %s",
-                 ",".join(self.settings.drafters), self.settings.k_max,
-                 self.policy_path or "defaults", url or "none")
+        log.info("autospec proposer: drafters %s (options %s), K <= %d, policy %s, daemon %s",
+                 ",".join(self.settings.drafters), self.lookups.options or "none",
+                 self.settings.k_max, self.policy_path or "defaults", url or "none")
 
     @staticmethod
     def _controller(settings: ControllerSettings) -> AdaptiveController:

@@ -6,15 +6,17 @@ vLLM runs its engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the t
 the proposer it built: what it decided, what it released, what it sent."""
 import copy
 import gc
+import json
 import os
 import re
+from types import SimpleNamespace
 
 import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM's CPU build (pip install -e '.[vllm]')")
 
 from autospec.paths import REFERENCE_DIR  # noqa: E402
-from autospec.vllm.proposer import Proposer, ProposerConfigError  # noqa: E402
+from autospec.vllm.proposer import Proposer, ProposerConfigError, _Row  # noqa: E402
 
 from conftest import NEAR_TIE, divergences  # noqa: E402
 from processes import request, start_daemon, wait_for  # noqa: E402
@@ -152,3 +154,36 @@ def test_start_up_errors_name_the_field(setup, tmp_path, monkeypatch):
     monkeypatch.delenv("AUTOSPEC_DAEMON")
     with pytest.raises(ValueError, match=r"bad\.yaml.*k_max"):
         Proposer(setup["llm"].llm_engine.vllm_config)
+
+
+def bare_proposer(monkeypatch, options: str) -> Proposer:
+    """A Proposer built as vLLM builds one, from a config holding only what it reads, with
+    AUTOSPEC_DRAFTER_OPTIONS = `options` (no engine, no daemon)."""
+    monkeypatch.delenv("AUTOSPEC_DAEMON", raising=False)
+    monkeypatch.delenv("AUTOSPEC_POLICY", raising=False)
+    monkeypatch.setenv("AUTOSPEC_DRAFTER_OPTIONS", options)
+    return Proposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=K),
+                                    model_config=SimpleNamespace(max_model_len=1024)))
+
+
+def test_drafter_options_reach_the_proposers_look_ups(monkeypatch):
+    row = _Row("r", [5, 1, 9, 1], 4, None, 0.0)  # "1" recurs; no 2-gram does
+    assert bare_proposer(monkeypatch, "").lookups.peek(row, "ngram", 2).tokens == [9, 1]
+    proposer = bare_proposer(monkeypatch, json.dumps({"ngram": {"n_min": 2},
+                                                      "suffix": {"min_confidence": 0.5}}))
+    assert proposer.lookups.peek(row, "ngram", 2).tokens == []  # 2-grams and up only
+    proposer.lookups.peek(row, "suffix", 2)
+    assert proposer.lookups._drafters["r", "suffix"].options.min_confidence == 0.5
+
+
+@pytest.mark.parametrize("options, message", [
+    ("ngram.n_min=2", r"AUTOSPEC_DRAFTER_OPTIONS: expected a JSON object \{drafter: "),
+    ('{"ngram": 2}', r"AUTOSPEC_DRAFTER_OPTIONS: expected a JSON object"),
+    ('{"ngarm": {}}', r"AUTOSPEC_DRAFTER_OPTIONS\.ngarm: unknown drafter 'ngarm'"),
+    ('{"ngram": {"n_mx": 3}}', r"AUTOSPEC_DRAFTER_OPTIONS\.ngram: .*'n_mx'"),
+    ('{"ngram": {"n_min": 3, "n_max": 2}}', r"AUTOSPEC_DRAFTER_OPTIONS\.ngram: .*n_min=3"),
+    ('{"suffix": {"min_confidence": 2}}', r"AUTOSPEC_DRAFTER_OPTIONS\.suffix: .*min_confidence"),
+])
+def test_bad_drafter_options_are_refused_naming_the_option(monkeypatch, options, message):
+    with pytest.raises(ProposerConfigError, match=message):
+        bare_proposer(monkeypatch, options)

@@ -2,12 +2,13 @@
 pair, closed and open loop (a process of its own, as a user runs it: vLLM starts one engine
 process per method)."""
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from autospec.vllm.bench import parse_vllm_method, parse_vllm_methods
+from autospec.vllm.bench import VllmMethod, parse_vllm_method, parse_vllm_methods, start_engines
 
 SHAPE = ("tokens_per_s", "throughput_tokens_per_s", "identical_to_plain", "speedup_vs_plain",
          "itl_p50_ms", "ttft_p50_ms", "mean_accepted_length")
@@ -40,12 +41,34 @@ def test_bad_methods_are_refused_naming_them(text, message):
         parse_vllm_method(text, 8)
 
 
+def test_each_engine_starts_with_its_policy_and_the_drafter_options(monkeypatch):
+    """What an engine process reads at start (the proposer: AUTOSPEC_POLICY and
+    AUTOSPEC_DRAFTER_OPTIONS); the bench's own environment as it was after."""
+    vllm = pytest.importorskip("vllm", reason="vLLM's CPU build (pip install -e '.[vllm]')")
+    names = ("AUTOSPEC_POLICY", "AUTOSPEC_DRAFTER_OPTIONS")
+    monkeypatch.setattr(vllm, "LLM", lambda *args, **kwargs: {n: os.environ.get(n) for n in names})
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_ALLOW_INSECURE_SERIALIZATION"):
+        monkeypatch.setenv(name, "1")  # start_engines sets them: restored after the test
+    monkeypatch.setenv("AUTOSPEC_POLICY", "outer.yaml")
+    monkeypatch.delenv("AUTOSPEC_DRAFTER_OPTIONS", raising=False)
+    adaptive = VllmMethod("adaptive:p.yaml", {"method": "custom_class"}, "p.yaml")
+    engines = start_engines("model", [VllmMethod("plain"), adaptive], "float32", 64, 4, 0,
+                            drafter_options={"ngram": {"n_min": 2}})
+    options = '{"ngram": {"n_min": 2}}'
+    assert engines == {"plain": {"AUTOSPEC_POLICY": None, "AUTOSPEC_DRAFTER_OPTIONS": options},
+                       "adaptive:p.yaml": {"AUTOSPEC_POLICY": "p.yaml",
+                                           "AUTOSPEC_DRAFTER_OPTIONS": options}}
+    assert os.environ["AUTOSPEC_POLICY"] == "outer.yaml"
+    assert "AUTOSPEC_DRAFTER_OPTIONS" not in os.environ
+
+
 def test_a_short_run_writes_the_bench_json_with_every_output_identical_to_vllms_plain(tmp_path):
     pytest.importorskip("vllm", reason="vLLM's CPU build (pip install -e '.[vllm]')")
     out = tmp_path / "bench.json"
     run = subprocess.run([sys.executable, "-m", "autospec", "bench", "--engine", "vllm",
                           "--limit", "1", "--max-new-tokens", "24", "--concurrency", "1,4",
                           "--arrivals", "8:1,2:1", "--rows", "4",
+                          "--drafter-option", "ngram.n_max=4",  # reaches the proposer: checked there
                           "--methods", "plain,vllm:ngram:2,vllm:dynamic:1=2/2=1,adaptive,ours:plain",
                           "--json", out], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
