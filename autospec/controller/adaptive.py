@@ -199,15 +199,8 @@ class AdaptiveController(Controller):
         if fallback != drafters:
             drafters, ks = fallback, self._ks(states, lengths, fallback, prices, max_step)
         k_min = self.settings.k_min
-        choices = []
-        for state, drafter, k in zip(states, drafters, ks):
-            if drafter is None or not k:
-                state.current = PLAIN
-                choices.append(PLAIN_DECISION)
-            else:
-                state.current = self.drafters.index(drafter)
-                choices.append(Decision(drafter, max(k, k_min)))
-        return choices
+        return [PLAIN_DECISION if drafter is None or not k else Decision(drafter, max(k, k_min))
+                for drafter, k in zip(drafters, ks)]
 
     def _prices(self, rows: int) -> Prices | None:
         """The step's prices at `rows` rows. Batch 1: the measured forward sizes plus the

@@ -19,7 +19,6 @@ class _RequestState:
     tokens per second; where acceptance is not bursty both converge to the same rates."""
     acceptance: dict[tuple[str, bool], AcceptanceEstimate]  # (drafter, hot) -> estimate
     hot: dict[str, bool] = field(default_factory=dict)  # drafter -> last draft fully accepted
-    current: int | None = None  # the drafter index last chosen (PLAIN = none)
     used: set = field(default_factory=set)  # drafters that have run in this request
     looked: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # look-up drafter ->
     # (context length, its proposal) at decide, scored counterfactually when another ran
