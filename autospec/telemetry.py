@@ -60,12 +60,21 @@ class StepRecord:
     # roll back, telemetry), as the live loop measured them (Engine.advance); None where
     # nothing measured them (replay, a step driven without the loop)
     overhead_seconds: float | None = None
+    # the drafted tokens' confidences (Draft.confidences, one per proposed token, in [0, 1]):
+    # what the controller and the daemon calibrate (autospec/confidence.py); None where the
+    # drafter gave none, or the step drafted nothing
+    confidences: list[float] | None = None
 
     def __post_init__(self):
         if self.batch_tokens is None:
             self.batch_tokens = self.verify_tokens
         if self.batch_width is None:
             self.batch_width = self.verify_tokens
+        if self.confidences is not None and (
+                len(self.confidences) != self.proposed
+                or not all(0.0 <= c <= 1.0 for c in self.confidences)):
+            raise TelemetryError(f"StepRecord.confidences: expected {self.proposed} numbers in "
+                                 f"[0, 1] (one per proposed token), got {self.confidences!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

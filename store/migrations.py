@@ -58,10 +58,21 @@ def _v4_to_v5(connection: Connection) -> None:
                             f"{column.type.compile(connection.dialect)}"))
 
 
+def _v5_to_v6(connection: Connection) -> None:
+    """estimates gain `calibration` (each drafter's confidence -> P(accepted) map), nullable:
+    the rows already there keep NULL, none learnt. (A store from before v4 has it already:
+    v3 -> v4 rebuilt the table as it is now.)"""
+    column = schema.EstimateRow.__table__.c.calibration
+    if column.name in {c["name"] for c in inspect(connection).get_columns(column.table.name)}:
+        return
+    connection.execute(text(f"ALTER TABLE {column.table.name} ADD COLUMN {column.name} "
+                            f"{column.type.compile(connection.dialect)}"))
+
+
 # (from_version, upgrade): upgrade(connection) turns a store at from_version into one at
 # from_version + 1. Ordered.
 MIGRATIONS: list[tuple[int, Migration]] = [(1, _v1_to_v2), (2, _v2_to_v3), (3, _v3_to_v4),
-                                           (4, _v4_to_v5)]
+                                           (4, _v4_to_v5), (5, _v5_to_v6)]
 
 
 def stored_version(connection: Connection) -> int | None:

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from autospec.store.aggregates import step_aggregates
 from autospec.store.schema import (ALL_WORKLOADS, RECORD_COLUMNS, AppliedPolicyRow, BatchCostRow,
                                    EstimateRow, RequestRow, StepAggregateRow)
+from autospec.confidence import Calibration
 from autospec.telemetry import RequestRecord
 
 
@@ -32,6 +33,9 @@ class Estimate:
     verify_base_seconds: float | None = None
     verify_slope_seconds: float | None = None
     updated_at: datetime | None = None  # set by the store when saved
+    # the drafter's confidence calibration on this workload (autospec.confidence.Calibration's
+    # state: kept / seen / predicted per bin); None: none learnt (rows before schema 6)
+    calibration: dict | None = None
 
     def __post_init__(self):
         acc = tuple(float(a) for a in self.conditional_acceptance)
@@ -48,6 +52,12 @@ class Estimate:
                 raise ValueError(f"{where}: observation count {o!r} not a finite number >= 0")
         object.__setattr__(self, "conditional_acceptance", acc)
         object.__setattr__(self, "observations", obs)
+        if self.calibration is not None:
+            try:
+                state = Calibration.from_state(self.calibration).state()
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            object.__setattr__(self, "calibration", state)
 
 
 @dataclass(frozen=True)
@@ -133,7 +143,7 @@ def fleet_estimates(session: Session, model_pair: str, hardware: str,
         out.setdefault(row.instance, {}).setdefault(row.workload, {})[row.drafter] = Estimate(
             row.drafter, row.workload, row.conditional_acceptance, row.observations,
             row.draft_seconds_per_token, row.verify_base_seconds, row.verify_slope_seconds,
-            _utc(row.updated_at))
+            _utc(row.updated_at), row.calibration)
     return out
 
 
@@ -160,6 +170,7 @@ def save_estimates(session: Session, model_pair: str, hardware: str,
         row.draft_seconds_per_token = est.draft_seconds_per_token
         row.verify_base_seconds = est.verify_base_seconds
         row.verify_slope_seconds = est.verify_slope_seconds
+        row.calibration = est.calibration
         row.updated_at = datetime.now(timezone.utc)
         written += 1
     session.flush()

@@ -20,9 +20,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from autospec.telemetry import POOLED, RequestRecord
 
-SCHEMA_VERSION = 5  # 2: estimates.conditional_acceptance, requests.controller_seconds;
+SCHEMA_VERSION = 6  # 2: estimates.conditional_acceptance, requests.controller_seconds;
 # 3: batch_costs; 4: estimates and batch_costs keyed by daemon instance too (a fleet);
-# 5: requests.method
+# 5: requests.method; 6: estimates.calibration
 TABLE_PREFIX = "autospec_"
 ALL_WORKLOADS = POOLED  # the workload key of estimates pooled over every workload
 
@@ -139,6 +139,9 @@ class EstimateRow(Base):
     draft_seconds_per_token: Mapped[float | None] = mapped_column(Float, nullable=True)
     verify_base_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     verify_slope_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)  # per token
+    # confidence -> P(accepted) per bin (autospec/confidence.py: kept, seen, predicted); NULL:
+    # none learnt (rows from before v6)
+    calibration: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     instance: Mapped[str] = mapped_column(_INSTANCE, default="", server_default="")
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 

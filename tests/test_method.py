@@ -4,7 +4,8 @@ import pytest
 
 from autospec.controller.factory import make_controller
 from autospec.method import Method, is_adaptive, parse_method, parse_methods
-from autospec.controller.interface import Lookups, Outcome, Step, decide_one, observe_one
+from autospec.controller.interface import (PLAIN, Decision, Lookups, Outcome, Step, decide_one,
+                                           observe_one)
 from conftest import REPO_ROOT
 
 POLICY = REPO_ROOT / "policies" / "mixed.yaml"
@@ -95,7 +96,7 @@ def test_batch_table_drafts_the_k_of_the_batch_size_and_nothing_above_the_table(
     assert method.table == ((1, 4), (4, 2), (8, 1))
     controller = make_controller(method)
     assert [controller.k_for(b) for b in (1, 2, 4, 5, 8, 9, 16)] == [4, 2, 2, 1, 1, 0, 0]
-    assert controller.decide(Step([None] * 3, Lookups().peek)) == [("ngram", 2)] * 3
-    assert controller.decide(Step([None] * 9, Lookups().peek)) == [(None, 0)] * 9
-    assert decide_one(controller, None) == ("ngram", 4)  # a request on its own
+    assert controller.decide(Step([None] * 3, Lookups().peek)) == [Decision("ngram", 2)] * 3
+    assert controller.decide(Step([None] * 9, Lookups().peek)) == [PLAIN] * 9
+    assert decide_one(controller, None) == Decision("ngram", 4)  # a request on its own
     assert make_controller(parse_method("ctl:batch-table")).table == ((1, 4), (4, 2), (8, 1))

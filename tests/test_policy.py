@@ -105,7 +105,7 @@ def test_hash_ignores_form_and_provenance_but_not_values():
      "controller.step_cap: expected a number in [0, 16], got 20"),
     ("schema_version: 1\ncontroller: {prior_strenght: 0.9}",
      "controller.prior_strenght: unknown field (did you mean 'prior_strength'? accepted: "
-     "cost_stale_steps, counterfactual, prior_strength, regimes, step_cap)"),
+     "confidence, cost_stale_steps, counterfactual, prior_strength, regimes, step_cap)"),
     ("schema_version: 1\nworkloads: {copy-heavy: {k_max: 100}}",
      "workloads.copy-heavy.k_max: expected an integer in [1, 64], got 100"),
     ("schema_version: 1\nk_max: 4\nworkloads: {copy-heavy: {k_min: 6}}",

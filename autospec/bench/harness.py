@@ -202,6 +202,9 @@ def run_bench(engine: Engine | dict[str, Engine], prompts: list[Prompt],
                 {**d, "prompt": prompts[d["prompt"]].id} for d in parted]
         if m.startswith(("adaptive", "ctl:")):
             report["methods"][m]["choices"] = choice_shares(s for _, s in data.steps[m])
+        learnt = getattr(getattr(runners[m], "controller", None), "reliability", None)
+        if learnt is not None:  # each drafter's confidence calibration: predicted vs observed
+            report["methods"][m]["reliability"] = learnt()
     plain_key = "plain" + suffixes[first]
     _add_speedups(report, categories, plain_key)
     for m in methods:

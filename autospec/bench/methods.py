@@ -71,6 +71,7 @@ def _ours(engine: Engine, controller) -> Runner:
         engines[0] = Engine(engine.models, fresh_history(engine.drafter_options, tag))
 
     run.new_history = new_history
+    run.controller = controller  # what it learnt (the bench JSON's reliability table)
     return run
 
 

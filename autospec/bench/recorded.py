@@ -110,7 +110,7 @@ class RecordedEngine(Host):
                    looked: dict[int, dict[str, Proposal]] | None = None,
                    chunk=None) -> list[list[int]]:
         looked = looked or {}
-        plan = []  # per row: (drafter, k, tokens drafted, agreeing, draft seconds)
+        plan = []  # per row: (drafter, k, tokens drafted, agreeing, draft seconds, confidences)
         for request, name, k in decisions:
             recorded = self.recorded[request.request_id]
             at = len(request.output)
@@ -119,17 +119,28 @@ class RecordedEngine(Host):
             ready = looked.get(request.slot, {})
             seconds = sum(p.seconds for p in ready.values())  # the look-ups, charged already
             peeked = ready.get(name) if k else None
-            if k and not (peeked is not None and peeked.at == len(request.tokens) and peeked.k >= k):
+            confidences = None
+            if k and peeked is not None and peeked.at == len(request.tokens) and peeked.k >= k:
+                confidences = peeked.draft.confidences
+            elif k:
+                # a model drafter: its recorded confidences, cut by the decision's StopRule
+                # as the live drafting cuts it (charged only what it drafts)
+                confidences = (recorded.confidence or {}).get(name, {})
+                confidences = confidences[at][:made] if confidences else None
+                if confidences is not None and request.stop is not None:
+                    made = request.stop.cut(confidences)
                 drafted = self.trace.draft_seconds_per_token.get(name, 0.0) * made
                 self.now += drafted
                 seconds += drafted
+            # (a look-up that proposes less than the trace recorded: a trace made by hand)
+            confidences = confidences[:made] if confidences and len(confidences) >= made > 0 else None
             agree = min(recorded.match[name][at], made) if k else 0
-            plan.append((name if k else None, k, made, agree, seconds))
-        drafted = [made for _, _, made, _, _ in plan]
+            plan.append((name if k else None, k, made, agree, seconds, confidences))
+        drafted = [made for _, _, made, _, _, _ in plan]
         forward = self.prices[len(decisions)].step(sum(drafted), max(drafted))
         self.now += forward + self.trace.overhead_seconds  # the loop's own (jobs.py reads it)
         emitted = []
-        for (request, _, _), (name, k, made, agree, seconds) in zip(decisions, plan):
+        for (request, _, _), (name, k, made, agree, seconds, confidences) in zip(decisions, plan):
             recorded = self.recorded[request.request_id]
             at, context = len(request.output), len(request.tokens) - 1
             tokens = request.append(recorded.output[at:at + agree + 1], (), self.max_positions)
@@ -137,7 +148,7 @@ class RecordedEngine(Host):
                 request.request_id, len(request.steps), name or "none", k, made, agree,
                 len(tokens), seconds, forward, made + 1, context, 0, 0.0,
                 batch_size=len(decisions), batch_tokens=len(decisions) + sum(drafted),
-                batch_width=1 + max(drafted), overhead_seconds=0.0))
+                batch_width=1 + max(drafted), overhead_seconds=0.0, confidences=confidences))
             emitted.append(tokens)
         return emitted
 

@@ -19,7 +19,12 @@ File format (JSON): {"schema_version": 1, "k_max": int, "costs": {"verify_second
 "draft_seconds_per_token": {drafter: float}, "batch_line": [a, b, c, j, w] (seconds; absent
 in traces recorded before it), "overhead_seconds": float (absent: 0)}, "models": {"target", "draft", "pair"},
 "requests": [{"id", "category", "prompt": [ids], "output": [ids], "match": {drafter: [ints]},
-"proposed": {drafter: [ints]}, "prefill_seconds": float}]}
+"proposed": {drafter: [ints]}, "prefill_seconds": float, "confidence": {drafter: [[floats]]}}]}
+
+`confidence` holds, for each model drafter (a look-up drafter's are made again in replay, by
+the real look-up), the confidence of each token of its K_max proposal at each output position
+(Draft.confidences, 3 decimals): what a controller's StopRule cuts a draft by. A trace recorded
+without them replays those drafters at the decision's K.
 """
 from __future__ import annotations
 
@@ -57,6 +62,9 @@ class TraceRequest:
     # seconds its live plain run spent outside its steps (the prompt's prefill, start and
     # finish): what a replay charges when it starts; absent in traces recorded before: 0
     prefill_seconds: float = 0.0
+    # model drafter -> per output position, its proposal's confidences (the module docstring);
+    # absent in traces recorded before: none
+    confidence: dict[str, list[list[float]]] | None = None
 
 
 @dataclass
@@ -88,6 +96,8 @@ class Trace:
         return key
 
     def save(self, path: Path) -> None:
+        requests = [{key: value for key, value in r.__dict__.items()
+                     if not (key == "confidence" and value is None)} for r in self.requests]
         costs = {"verify_seconds": self.verify_seconds,
                  "draft_seconds_per_token": self.draft_seconds_per_token}
         if self.batch_line is not None:
@@ -96,7 +106,7 @@ class Trace:
             costs["overhead_seconds"] = self.overhead_seconds
         payload = {"schema_version": SCHEMA_VERSION, "k_max": self.k_max, "costs": costs,
                    "models": self.models,
-                   "requests": [r.__dict__ for r in self.requests]}
+                   "requests": requests}
         Path(path).write_text(json.dumps(payload) + "\n")
 
     @classmethod
@@ -144,27 +154,19 @@ def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
                 live_draft.setdefault(name, []).extend(
                     s.draft_seconds / s.proposed for s in steps if s.proposed)
         hidden = _features_of(engine, ids + output)
-        match, proposed = {}, {}
+        match, proposed, confidence = {}, {}, {}
         for name in drafters:
-            drafter = create_drafter(name, engine.models, **engine.drafter_options.get(name, {}))
-            counts, lengths = [], []
-            for t in range(len(output)):
-                tokens = ids + output[:t]
-                t0 = time.perf_counter()
-                features = None if hidden is None else hidden[:len(tokens) - 1]
-                draft = drafter.propose(DraftContext(tokens, SamplingParams(), hidden=features),
-                                        k_max)
-                if draft.tokens:
-                    draft_times[name].append((time.perf_counter() - t0) / len(draft.tokens))
-                counts.append(agreeing_prefix(draft.tokens, output[t:t + len(draft.tokens)]))
-                lengths.append(len(draft.tokens))
+            counts, lengths, believed, times = proposals(engine, name, ids, output, hidden, k_max)
             match[name], proposed[name] = counts, lengths
+            draft_times[name] += times
+            if not drafter_class(name).peekable and any(believed):
+                confidence[name] = believed
         steps = plain.telemetry.step_records
         prefill = plain.telemetry.wall_seconds - sum(
             s.draft_seconds + s.verify_seconds + (s.overhead_seconds or 0.0) + s.controller_seconds
             for s in steps)
         requests.append(TraceRequest(p.id, p.category, ids, output, match, proposed,
-                                     max(0.0, prefill)))
+                                     max(0.0, prefill), confidence or None))
         if progress:
             progress(f"recorded {i + 1}/{len(prompts)}: {p.id}")
     verify = step_verify(live, calibrate_verify(engine, requests[0].prompt + requests[0].output,
@@ -177,6 +179,26 @@ def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
                  {d: statistics.median(v) if v else 0.0 for d, v in draft_times.items()},
                  requests, {"target": engine.models.target_name, "draft": engine.models.draft_name,
                             "pair": engine.models.key}, line, overhead)
+
+
+def proposals(engine: Engine, name: str, prompt: list[int], output: list[int],
+              hidden: torch.Tensor | None, k_max: int):
+    """What drafter `name` proposes, asked for k_max tokens after prompt + output[:t], at every
+    output position t: (agreeing tokens, proposed tokens, the proposal's confidences (3
+    decimals), seconds per drafted token of each non-empty proposal)."""
+    drafter = create_drafter(name, engine.models, **engine.drafter_options.get(name, {}))
+    counts, lengths, believed, times = [], [], [], []
+    for t in range(len(output)):
+        tokens = prompt + output[:t]
+        t0 = time.perf_counter()
+        features = None if hidden is None else hidden[:len(tokens) - 1]
+        draft = drafter.propose(DraftContext(tokens, SamplingParams(), hidden=features), k_max)
+        if draft.tokens:
+            times.append((time.perf_counter() - t0) / len(draft.tokens))
+        counts.append(agreeing_prefix(draft.tokens, output[t:t + len(draft.tokens)]))
+        lengths.append(len(draft.tokens))
+        believed.append([round(c, 3) for c in draft.confidences or []])
+    return counts, lengths, believed, times
 
 
 MIN_STEPS = 3  # live steps at a width before their median prices it

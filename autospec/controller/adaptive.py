@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autospec.controller.batch import BatchCost, Prices, batch_ks
-from autospec.controller.decide import PLAIN, choose_drafter
+from autospec.confidence import Calibration, StopRule
+from autospec.controller.batch import BatchCost, Prices, best_batch
+from autospec.controller.decide import NO_DRAFTER, choose_drafter
 from autospec.controller.estimates import (DEFAULT_PRIOR_MEAN, POOLED_PRIOR_STRENGTH,
                                            AcceptanceEstimate, CostModel)
 from autospec.controller.interface import Controller, Decision, Outcome, Step
@@ -62,6 +63,10 @@ class AdaptiveController(Controller):
         self._pending: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
         self._requests: dict[str, _RequestState] = {}
         self.batch_cost = BatchCost()  # s(B, P) of a batched step (controller/batch.py)
+        # confidence -> P(accepted), per (workload, drafter): shared by the workload's requests
+        self.calibrations: dict[tuple[str, str], Calibration] = {}
+        # model drafters seen to give confidences: those draft to a StopRule, not to K alone
+        self._confident: set[str] = set()
 
     def _choose_drafters(self) -> None:
         self.drafters = tuple(d for d in self.settings.drafters
@@ -123,8 +128,9 @@ class AdaptiveController(Controller):
         evidence than this controller has gathered itself (`only_if_richer`), so a fresh
         process starts from the fleet's knowledge and a busy one keeps its own. Costs seed the
         cost model only before it has measured anything. Unlabelled requests start from the
-        estimate pooled over every workload (the Learner keeps none of their own). Returns the
-        estimates taken."""
+        estimate pooled over every workload (the Learner keeps none of their own). Each
+        (workload, drafter)'s confidence calibration likewise, where the snapshot's rests on
+        more verified tokens. Returns the acceptance estimates taken."""
         taken = 0
         for workload, per_drafter in (snapshot.get("acceptance") or {}).items():
             prior = self._prior(UNLABELLED if workload == POOLED else workload)
@@ -135,6 +141,15 @@ class AdaptiveController(Controller):
                     continue
                 prior[drafter].restore(saved["rates"], saved["observations"])
                 taken += 1
+        for workload, per_drafter in (snapshot.get("calibration") or {}).items():
+            key = UNLABELLED if workload == POOLED else workload
+            for drafter, saved in per_drafter.items():
+                if drafter not in self.drafters:
+                    continue
+                learnt = Calibration.from_state(saved)
+                own = self.calibrations.get((key, drafter))
+                if own is None or not only_if_richer or learnt.tokens() > own.tokens():
+                    self.calibrations[key, drafter] = learnt
         if self.costs.observed == 0:
             for drafter, seconds in (snapshot.get("draft_seconds_per_token") or {}).items():
                 self.costs.draft.setdefault(drafter, float(seconds))
@@ -143,6 +158,16 @@ class AdaptiveController(Controller):
         if self.batch_cost.observed == 0 and snapshot.get("batch_cost"):
             self.batch_cost.restore(snapshot["batch_cost"])  # a restarted server's batch cost
         return taken
+
+    def reliability(self) -> dict[str, dict[str, list[dict]]]:
+        """{workload: {drafter: reliability table}}: per confidence bin, the tokens verified,
+        the mean P(accepted) predicted for them before each was learnt from, and the rate
+        observed (Calibration.reliability)."""
+        out: dict[str, dict[str, list[dict]]] = {}
+        for (workload, drafter), calibration in sorted(self.calibrations.items()):
+            if calibration.tokens():
+                out.setdefault(workload, {})[drafter] = calibration.reliability()
+        return out
 
     # -- the fast path -------------------------------------------------------------------
     def chunk_budget(self, rows: int, default: int) -> int:
@@ -157,19 +182,23 @@ class AdaptiveController(Controller):
 
     def decide(self, step: Step) -> list[Decision]:
         """(drafter, K) for every row of a step, B >= 1 alike:
-        1. each row's look-ups (`step.peek(row, drafter, k)`, which the step reuses): how far
-           each look-up drafter can draft;
-        2. each row's drafter at its share of the step (`Prices.shares`), by its posterior
-           means;
-        3. every row's K together for the step's goodput (controller/batch.py `batch_ks`):
-           a confident row speculates while the others decode plain; a row whose drafter
-           gets K = 0 there drafts a look-up drafter's proposal where one has any.
+        1. each row's look-ups (`step.peek(row, drafter, k)`, which the step reuses): what
+           each look-up drafter proposes, and each proposed token's confidence;
+        2. each row's drafter at its share of the step (`Prices.shares`), by the chance of
+           each token it would draft being kept: a look-up's own tokens calibrated
+           (`_alphas`), a model drafter's posterior means;
+        3. every row's K together for the step's goodput (controller/batch.py `best_batch`):
+           the tokens of the step that pay, ranked by survival, a confident row speculating
+           while the others decode plain; a row whose drafter gets K = 0 there drafts a
+           look-up drafter's proposal where one has any;
+        4. a model drafter known to give confidences drafts to a `StopRule` at the step's
+           goodput, up to k_max: it stops a row where its next token cannot pay.
         The prices are the step's at this batch size (`_prices`); `chunk` prompt tokens riding
         in the step (`chunk_budget`) take their price out of a `step_cap`'s bound."""
         requests, peek, chunk = step.rows, step.peek, step.chunk
         rows = len(requests)
         states = [self._state(request) for request in requests]
-        lengths = [self._look_up(state, request, peek) for state, request in zip(states, requests)]
+        looked = [self._look_up(state, request, peek) for state, request in zip(states, requests)]
         if self.costs.observed == 0 and self.batch_cost.observed == 0:
             # first step of the host's life: measure a plain step first (the look-ups made
             # all the same: indexing the prompt is their work, and the counterfactual scores
@@ -179,8 +208,8 @@ class AdaptiveController(Controller):
         if prices is None:
             return [PLAIN_DECISION] * rows
         drafters, trying = [], set()
-        for state, request, length in zip(states, requests, lengths):
-            drafter = self._choose(state, request, length, prices, trying)
+        for state, request, proposals in zip(states, requests, looked):
+            drafter = self._choose(state, request, proposals, prices, trying)
             if drafter in self.costly and drafter not in self.costs.prefill:
                 # a model drafter nobody has run yet: one row per step tries it (a batch
                 # waits for its cache prefill), and what that costs prices it for the rest
@@ -189,18 +218,39 @@ class AdaptiveController(Controller):
         cap = self.settings.step_cap
         # a bounded step: none whose forward and drafting exceed cap x a plain step
         max_step = cap * prices.step(0) - chunk * prices.per_token if cap else None
-        ks = self._ks(states, lengths, drafters, prices, max_step)
+        rate, ks = self._ks(states, requests, looked, drafters, prices, max_step)
         # a row whose drafter does not pay in this step (an exploring draw of a costly
         # drafter, say) drafts with a look-up drafter that has a proposal (n-gram, suffix:
         # the first in the policy's order), rather than decoding plain
         fallback = [d if k or d is None else
-                    next((name for name in self.drafters if length.get(name)), d)
-                    for d, k, length in zip(drafters, ks, lengths)]
+                    next((name for name in self.peeking
+                          if name in proposals and proposals[name].tokens), d)
+                    for d, k, proposals in zip(drafters, ks, looked)]
         if fallback != drafters:
-            drafters, ks = fallback, self._ks(states, lengths, fallback, prices, max_step)
+            drafters = fallback
+            rate, ks = self._ks(states, requests, looked, drafters, prices, max_step)
         k_min = self.settings.k_min
-        return [PLAIN_DECISION if drafter is None or not k else Decision(drafter, max(k, k_min))
-                for drafter, k in zip(drafters, ks)]
+        out = []
+        for state, request, drafter, k in zip(states, requests, drafters, ks):
+            if drafter is None or not k:
+                out.append(PLAIN_DECISION)
+            elif drafter in self._confident and self.settings.confidence and not cap:
+                out.append(Decision(drafter, self.settings.k_max,
+                                    self._stop_rule(state, request, drafter, rate, prices)))
+            else:
+                out.append(Decision(drafter, max(k, k_min)))
+        return out
+
+    def _stop_rule(self, state: _RequestState, request, drafter: str, rate: float,
+                   prices: Prices) -> StopRule:
+        """Where a model drafter stops this row (autospec/confidence.py): a token is verified
+        while its survival pays for its verify at the step's goodput `rate`, and drafting goes
+        on while it could pay for the next one's drafting and verify too."""
+        verify = prices.per_token + prices.width
+        draft = self._draft_seconds(drafter, prices)
+        return StopRule(self._calibration(request.workload, drafter),
+                        self._estimate(state, drafter).mean_list(), rate * verify,
+                        rate * (verify + draft))
 
     def _prices(self, rows: int) -> Prices | None:
         """The step's prices at `rows` rows. Batch 1: the measured forward sizes plus the
@@ -231,34 +281,54 @@ class AdaptiveController(Controller):
                                                      for k in range(1, self.settings.k_max + 1)],
                       a + b + c + overhead, jump, width)
 
-    def _look_up(self, state: _RequestState, request, peek) -> dict[str, int]:
-        """Each look-up drafter's proposal length now: how far it can draft this step (0: not
-        at all); the proposal kept for the counterfactual."""
-        lengths = {}
+    def _look_up(self, state: _RequestState, request, peek) -> dict[str, object]:
+        """Each look-up drafter's proposal now (a Draft; absent: none, so not that drafter
+        this step), kept for the counterfactual."""
+        proposals = {}
         for drafter in self.peeking:
             draft = peek(request, drafter, self.settings.k_max)
             if draft is not None:
-                lengths[drafter] = len(draft.tokens)
-                state.looked[drafter] = (len(request.tokens), draft.tokens)
-        return lengths
+                proposals[drafter] = draft
+                state.looked[drafter] = (len(request.tokens), draft.tokens, draft.confidences)
+        return proposals
 
-    def _choose(self, state: _RequestState, request, lengths: dict[str, int], prices: Prices,
+    def _calibration(self, workload: str | None, drafter: str) -> Calibration:
+        key = (workload or UNLABELLED, drafter)
+        calibration = self.calibrations.get(key)
+        if calibration is None:
+            calibration = self.calibrations[key] = Calibration()
+        return calibration
+
+    def _alphas(self, state: _RequestState, request, drafter: str, draft) -> list[float]:
+        """The chance of each token the row's `drafter` would draft being kept given the ones
+        before it were: a look-up's proposal (`draft`) token by token, calibrated from its
+        confidences where it has them (and `confidence` is on), else the drafter's posterior
+        means per position, as far as the proposal reaches."""
+        means = self._estimate(state, drafter).mean_list()
+        if draft is None:
+            return means
+        confidences = draft.confidences
+        if confidences is None or not self.settings.confidence:
+            return means[:len(draft.tokens)]
+        return self._calibration(request.workload, drafter).alphas(confidences, means)
+
+    def _choose(self, state: _RequestState, request, proposals: dict, prices: Prices,
                 skip=()) -> str | None:
-        """The row's drafter (None: plain) by its posterior means at its share of the
-        step, none of `skip`."""
+        """The row's drafter (None: plain) by the chance of each token it would draft being
+        kept (`_alphas`) at its share of the step, none of `skip`."""
         names, shares = self.drafters, prices.shares
-        # each drafter's per-position acceptance means, in Python floats (decide.py says why)
-        means = [self._estimate(state, d).mean_list() for d in names]
+        alphas = [self._alphas(state, request, d, proposals.get(d)) for d in names]
         k_max = self.settings.k_max
         draft_s = [self._draft_seconds(d, prices) for d in names]
-        limits = [0 if d in skip else min(lengths.get(d, k_max), self._cap_k(d_s, shares))
-                  for d, d_s in zip(names, draft_s)]
+        limits = [0 if d in skip or (d in self.peeking and d not in proposals) else
+                  min(len(row), k_max, self._cap_k(d_s, shares))
+                  for d, d_s, row in zip(names, draft_s, alphas)]
         # a drafter's first run in a request prefills its cache: spread over SWITCH_HORIZON
         context = len(request.tokens)
         switch_s = [0.0 if d in state.used else
                     self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
-        index = choose_drafter(means, draft_s, shares, limits, switch_s)
-        return None if index == PLAIN else names[index]
+        index = choose_drafter(alphas, draft_s, shares, limits, switch_s)
+        return None if index == NO_DRAFTER else names[index]
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
         """The estimate of the drafter's regime this step (hot: right after a fully accepted
@@ -294,20 +364,20 @@ class AdaptiveController(Controller):
             k += 1
         return k
 
-    def _ks(self, states: list[_RequestState], lengths: list[dict[str, int]],
-            drafters: list[str | None], prices: Prices, max_step: float | None) -> list[int]:
-        """Every row's K for the step's goodput (batch_ks) from its drafter's means (None:
-        plain), as far as its proposal reaches."""
-        means, draft_s = [], []
-        for state, length, drafter in zip(states, lengths, drafters):
+    def _ks(self, states: list[_RequestState], requests, looked: list[dict],
+            drafters: list[str | None], prices: Prices,
+            max_step: float | None) -> tuple[float, list[int]]:
+        """(the step's goodput, every row's K) of best_batch over each row's tokens
+        (`_alphas`; None: plain), as far as its proposal reaches."""
+        alphas, draft_s = [], []
+        for state, request, proposals, drafter in zip(states, requests, looked, drafters):
             if drafter is None:
-                means.append([])
+                alphas.append([])
                 draft_s.append(0.0)
                 continue
-            row = self._estimate(state, drafter).mean_list()
-            means.append(row[:length.get(drafter, len(row))])
+            alphas.append(self._alphas(state, request, drafter, proposals.get(drafter)))
             draft_s.append(self._draft_seconds(drafter, prices))
-        return batch_ks(means, draft_s, prices, max_step)
+        return best_batch(alphas, draft_s, prices, max_step)
 
     def observe(self, outcome: Outcome) -> None:
         """The step's records of this controller's rows: the step's costs once, then each
@@ -334,6 +404,7 @@ class AdaptiveController(Controller):
 
     def _update(self, record: StepRecord, request) -> None:
         state = self._state(request)
+        before = len(request.tokens) - record.emitted
         if record.drafter in self.drafters and record.k > 0:
             if record.drafter in state.used:
                 self.costs.observe_draft(record.drafter, record.draft_seconds, record.proposed)
@@ -343,21 +414,38 @@ class AdaptiveController(Controller):
                 self.costs.observe_prefill(record.drafter, record.draft_seconds,
                                            record.proposed, record.context_tokens)
             state.used.add(record.drafter)
+            confidences = record.confidences
+            if confidences is None:  # a look-up's, as decide saw it (the step drafted it)
+                at, _, seen = state.looked.get(record.drafter, (None, None, None))
+                confidences = seen[:record.proposed] if at == before and seen else None
+            elif record.drafter in self.costly:
+                self._confident.add(record.drafter)
+            if confidences:
+                self._calibrate(state, request, record.drafter, confidences, record.accepted)
             # an empty proposal counts as a rejection at position 0: it bought nothing
             proposed = max(record.proposed, 1)
             self._observe(state, record.drafter, proposed, record.accepted)
             self._pool(request.workload, record.drafter, proposed, record.accepted)
         if self.settings.counterfactual:
             # the look-up drafters' proposals seen at decide, scored against what was verified
-            before = len(request.tokens) - record.emitted
-            for drafter, (at, proposal) in state.looked.items():
+            for drafter, (at, proposal, confidences) in state.looked.items():
                 if drafter != record.drafter and at == before and proposal:
                     scored = _score(proposal, request.tokens[before:])
+                    if confidences:
+                        self._calibrate(state, request, drafter, confidences[:scored[0]],
+                                        scored[1])
                     self._observe(state, drafter, *scored)
                     self._pool(request.workload, drafter, *scored)
-            state.looked.clear()
+        state.looked.clear()
         if request.done:
             self.release(request)
+
+    def _calibrate(self, state: _RequestState, request, drafter: str, confidences: list[float],
+                   accepted: int) -> None:
+        """Verified tokens of `drafter` into its workload's calibration (before the estimates
+        take the step: its prediction there is out of sample)."""
+        self._calibration(request.workload, drafter).update(
+            confidences, accepted, self._estimate(state, drafter).mean_list())
 
     def release(self, request) -> None:
         self._requests.pop(request.request_id, None)

@@ -82,11 +82,20 @@ class Prices:
 
 def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Prices,
              max_seconds: float | None = None, rounds: int = 8) -> list[int]:
-    """K per row maximising the step's goodput (the module docstring), in Python floats (it
-    runs once a step: numpy's per-call cost was most of its time).
+    """K per row maximising the step's goodput: `best_batch`'s K."""
+    return best_batch(means, draft_seconds, prices, max_seconds, rounds)[1]
 
-    means: per row, its drafter's per-position acceptance means as far as it may draft (a row
-    that does not draft: []); draft_seconds: per row, a drafted token's cost to its drafter.
+
+def best_batch(means: list[list[float]], draft_seconds: list[float], prices: Prices,
+               max_seconds: float | None = None, rounds: int = 8) -> tuple[float, list[int]]:
+    """(the goodput in tokens per second, K per row) maximising the step's goodput (the
+    module docstring), in Python floats (it runs once a step: numpy's per-call cost was most
+    of its time).
+
+    means: per row, the chance of each token it may draft being kept given the ones before
+    it were — its drafter's per-position means, or each proposed token's calibrated
+    confidence (autospec/confidence.py) — as far as it may draft (a row that does not
+    draft: []); draft_seconds: per row, a drafted token's cost to its drafter.
     max_seconds: no step (forward and drafting) predicted longer is chosen (a latency bound;
     plain for every row always stays). Where the widest row's padding has a price
     (`Prices.width`), the best is also sought with every row's K capped at each of WIDTH_CAPS
@@ -109,7 +118,7 @@ def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Price
         rate, ks = _best_ks([g[:cap] for g in gains], draft_seconds, prices, max_seconds, rounds)
         if rate > best_rate:
             best_rate, best = rate, ks
-    return best
+    return best_rate, best
 
 
 def _best_ks(gains: list[list[float]], draft_seconds: list[float], prices: Prices,

@@ -23,7 +23,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol, Sequence
 
-from autospec.drafters.base import Draft, DraftContext, Drafter, create_drafter, drafter_class
+from autospec.confidence import StopRule
+from autospec.drafters.base import (Draft, DraftContext, Drafter, check_draft, create_drafter,
+                                    drafter_class)
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import StepRecord
 
@@ -46,9 +48,12 @@ Peek = Callable[[Row, str, int], "Draft | None"]
 
 
 class Decision(NamedTuple):
-    """A row's choice for one step: its drafter and K (None, 0: decode plain)."""
+    """A row's choice for one step: its drafter and K (None, 0: decode plain), and where a
+    model drafter stops the row before K by its tokens' confidences (`stop`, a StopRule:
+    autospec/confidence.py; None: it drafts K)."""
     drafter: str | None
     k: int
+    stop: StopRule | None = None
 
 
 PLAIN = Decision(None, 0)
@@ -162,8 +167,8 @@ class Lookups:
             drafter = self._drafters[key] = create_drafter(name, self.models,
                                                            **self.options.get(name, {}))
         t0 = time.perf_counter()
-        draft = drafter.propose(DraftContext(row.tokens, SamplingParams(), None,
-                                             row.prompt_len), k)
+        draft = check_draft(name, drafter.propose(DraftContext(row.tokens, SamplingParams(),
+                                                               None, row.prompt_len), k))
         self._seconds += time.perf_counter() - t0
         return draft
 

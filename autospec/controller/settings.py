@@ -40,6 +40,9 @@ class ControllerSettings:
     # trace (16 rows), beyond noise
     counterfactual: bool = knob(True, "score what the look-up drafters proposed when another "
                                       "drafter ran", "bool")
+    confidence: bool = knob(True, "price each drafted token by its own calibrated confidence "
+                                  "(off: by its drafter's mean acceptance at its position)",
+                            "bool")
     # switched off, replay lost 1.2-4.2 % of tokens/s, beyond noise, on every trace but the
     # drifting one at batch 1
     regimes: bool = knob(True, "keep separate estimates for the steps right after a fully "

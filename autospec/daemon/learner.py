@@ -8,6 +8,9 @@ persists (as `autospec.store.Estimate` rows) and what a new serving process star
 
 Only steps that ran a drafter inform its acceptance here: the counterfactual n-gram scoring
 stays in the serving process's fast path (it needs the tokens, which telemetry does not carry).
+The same steps' confidences (StepRecord.confidences) teach each (workload, drafter)'s
+calibration (autospec/confidence.py), by the controller's own update, so a new process starts
+with each token priced as the fleet has learnt to price it.
 
 A fleet (several daemons on one store) merges what each daemon persisted, `fleet_estimates`:
 acceptance evidence (accepted / rejected counts per position) adds up across daemons, so a
@@ -22,6 +25,7 @@ from typing import Iterable
 
 import numpy as np
 
+from autospec.confidence import Calibration
 from autospec.controller.batch import BatchCost
 from autospec.controller.estimates import (DEFAULT_PRIOR_MEAN, POOLED_PRIOR_STRENGTH,
                                            AcceptanceEstimate, CostModel)
@@ -36,6 +40,7 @@ class Learner:
         self.k_max = k_max
         self.discount = discount
         self.acceptance: dict[str, dict[str, AcceptanceEstimate]] = {}
+        self.calibration: dict[str, dict[str, Calibration]] = {}  # workload -> drafter ->
         self.costs = CostModel(k_max)
         self.batch = BatchCost()  # s(B, P) of batched steps (persisted as batch_costs)
         self.steps_seen = 0
@@ -45,6 +50,12 @@ class Learner:
         if drafter not in per_drafter:
             per_drafter[drafter] = AcceptanceEstimate(self.k_max, DEFAULT_PRIOR_MEAN, POOLED_PRIOR_STRENGTH,
                                                          self.discount)
+        return per_drafter[drafter]
+
+    def _calibration(self, workload: str, drafter: str) -> Calibration:
+        per_drafter = self.calibration.setdefault(workload, {})
+        if drafter not in per_drafter:
+            per_drafter[drafter] = Calibration()
         return per_drafter[drafter]
 
     def observe(self, record: RequestRecord) -> None:
@@ -75,7 +86,12 @@ class Learner:
             proposed = [max(s.proposed, 1) for s in ran]
             accepted = [s.accepted for s in ran]
             for workload in workloads:
-                self._estimate(workload, drafter).update_many(proposed, accepted)
+                estimate = self._estimate(workload, drafter)
+                calibration = self._calibration(workload, drafter)
+                for step in ran:  # before the estimate takes them, as the controller does
+                    if step.confidences:
+                        calibration.update(step.confidences, step.accepted, estimate.mean_list())
+                estimate.update_many(proposed, accepted)
         self.steps_seen += len(steps)
 
     def estimates(self) -> list[Estimate]:
@@ -85,9 +101,11 @@ class Learner:
         out = []
         for workload, per_drafter in sorted(self.acceptance.items()):
             for drafter, est in sorted(per_drafter.items()):
+                calibration = self.calibration.get(workload, {}).get(drafter)
                 out.append(Estimate(drafter, workload, tuple(est.rates()),
                                     tuple(est.observations()), self.costs.draft.get(drafter),
-                                    base, slope))
+                                    base, slope, calibration=calibration.state()
+                                    if calibration is not None and calibration.tokens() else None))
         return out
 
     def by_workload(self) -> dict[str, dict[str, Estimate]]:
@@ -104,6 +122,9 @@ class Learner:
             for drafter, saved in per_drafter.items():
                 self._estimate(workload, drafter).restore(saved.conditional_acceptance,
                                                           saved.observations)
+                if saved.calibration:
+                    self.calibration.setdefault(workload, {})[drafter] = \
+                        Calibration.from_state(saved.calibration)
                 if saved.draft_seconds_per_token is not None:
                     self.costs.draft[drafter] = saved.draft_seconds_per_token
                 if saved.verify_base_seconds is not None and saved.verify_slope_seconds is not None:
@@ -120,6 +141,8 @@ class Learner:
                                    "observations": [round(float(o), 4) for o in e.observations()]}
                                for d, e in per.items()}
                            for w, per in self.acceptance.items()},
+            "calibration": {w: {d: c.state() for d, c in per.items() if c.tokens()}
+                            for w, per in self.calibration.items()},
             "draft_seconds_per_token": dict(self.costs.draft),
             "verify_line": list(line) if line else None,
             "batch_cost": self.batch.state() if self.batch.observed else None,
@@ -132,6 +155,7 @@ def fleet_estimates(members: Iterable[dict[str, dict[str, Estimate]]]) -> dict[s
     longest), draft seconds per token and the verify line are the mean over the daemons that
     measured them."""
     evidence: dict[tuple[str, str], list[np.ndarray]] = {}  # -> [accepted, observations]
+    calibrations: dict[tuple[str, str], Calibration] = {}  # the daemons' evidence, added
     draft: dict[str, list[float]] = {}
     lines: list[tuple[float, float]] = []
     for member in members:
@@ -144,6 +168,9 @@ def fleet_estimates(members: Iterable[dict[str, dict[str, Estimate]]]) -> dict[s
                 for i, add in enumerate((kept, seen)):
                     n = max(len(acc[i]), len(add))
                     acc[i] = np.pad(acc[i], (0, n - len(acc[i]))) + np.pad(add, (0, n - len(add)))
+                if est.calibration:
+                    calibrations.setdefault((workload, drafter), Calibration()).merge(
+                        Calibration.from_state(est.calibration))
                 if est.draft_seconds_per_token is not None and workload == POOLED:
                     draft.setdefault(drafter, []).append(est.draft_seconds_per_token)
                 if est.verify_base_seconds is not None and est.verify_slope_seconds is not None:
@@ -157,7 +184,9 @@ def fleet_estimates(members: Iterable[dict[str, dict[str, Estimate]]]) -> dict[s
         costs = draft.get(drafter)
         out.setdefault(workload, {})[drafter] = Estimate(
             drafter, workload, tuple(rates), tuple(seen),
-            float(np.mean(costs)) if costs else None, base, slope)
+            float(np.mean(costs)) if costs else None, base, slope,
+            calibration=calibrations[workload, drafter].state()
+            if (workload, drafter) in calibrations else None)
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from autospec.confidence import StopRule, check_confidences
 from autospec.models.sampling import SamplingParams
 
 
@@ -41,10 +42,14 @@ def agreeing_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 @dataclass
 class Draft:
     """What a drafter proposes: at most k token ids, and (when it has them) the distribution
-    each was drawn from. draft_probs: (len(tokens), V) float32, or None = point mass."""
+    each was drawn from. draft_probs: (len(tokens), V) float32, or None = point mass.
+    confidences: one per token in [0, 1], the drafter's own belief in it (a model drafter's
+    probability of the token, a look-up's evidence score: autospec/confidence.py), made where
+    the proposal is; None: the drafter has none (the controller then uses per-position means)."""
     tokens: list[int]
     draft_probs: torch.Tensor | None = None
     bytes_read: int = 0  # weights + KV the drafter read, for bandwidth accounting
+    confidences: list[float] | None = None
 
     @classmethod
     def empty(cls) -> "Draft":
@@ -62,6 +67,9 @@ class DraftContext:
     # the target's last hidden state at each cached position (len(tokens) - 1, D), where the
     # engine keeps them (its pair has a feature head): what a feature-level drafter reads
     hidden: torch.Tensor | None = None
+    # where a model drafter stops this row's drafting by its tokens' confidences (the
+    # controller's Decision.stop; None: at k)
+    stop: StopRule | None = None
 
 
 @dataclass
@@ -170,6 +178,13 @@ def drafter_class(name: str) -> type:
     if name not in _REGISTRY:
         raise ValueError(f"unknown drafter '{name}' (known: {', '.join(sorted(_REGISTRY))})")
     return _REGISTRY[name]
+
+
+def check_draft(name: str, draft: Draft) -> Draft:
+    """A drafter's proposal as a host takes it: its confidences one per token in [0, 1] or
+    None (a ValueError names the drafter otherwise). Returns the draft."""
+    check_confidences(name, draft.tokens, draft.confidences)
+    return draft
 
 
 def create_drafter(name: str, models, **options) -> Drafter:

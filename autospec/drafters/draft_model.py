@@ -82,25 +82,44 @@ class BatchDraftModel:
             pending.append(tokens[keep:])
         drafted: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
+        confidences: list[list[float]] = [[] for _ in rows]
+        survival = [1.0] * len(rows)  # a row's StopRule survival so far
+        going = [row.k for row in rows]  # positions a row may still draft (0: stopped)
         moved = [0] * len(rows)
         for position in range(max(row.k for row in rows)):
             # 1. the rows still drafting at this position, each feeding its pending tokens
-            active = [i for i, row in enumerate(rows) if row.k > position]
+            active = [i for i in range(len(rows)) if going[i] > position]
+            if not active:
+                break
             logits = self._last_logits([rows[i].slot for i in active], [pending[i] for i in active])
+            picked = []
             for j, i in enumerate(active):
                 row = rows[i]
                 self.cache.lengths[row.slot] += len(pending[i])
                 self.fed[row.slot] += pending[i]
                 moved[i] += self._weight_bytes // len(active) + self._kv_bytes * len(self.fed[row.slot])
                 # 2. pick: argmax, or a draw from the row's own generator
-                token, token_probs = self.pick(logits[j], row.ctx)
+                picked.append(self.pick(logits[j], row.ctx))
+            # 3. each token's confidence: the drafter's probability of it (a draw's from the
+            # distribution it was drawn from), from the logits already made
+            own = token_probabilities(logits, [token for token, _ in picked])
+            for j, (i, (token, token_probs)) in enumerate(zip(active, picked)):
+                confidence = own[j] if token_probs is None else float(token_probs[token])
+                stop = rows[i].ctx.stop
+                if stop is not None:  # 4. the row's StopRule: drop the token, or stop after it
+                    survival[i], kept, goes_on = stop.step(survival[i], position, confidence)
+                    going[i] = going[i] if goes_on and kept else 0
+                    if not kept:
+                        continue
                 if token_probs is not None:
                     probs[i].append(token_probs)
                 drafted[i].append(token)
+                confidences[i].append(min(1.0, max(0.0, confidence)))
                 pending[i] = [token]
-        drafts = [Draft(tokens, None if row.ctx.sampling.greedy else torch.stack(row_probs),
-                        bytes_read)
-                  for row, tokens, row_probs, bytes_read in zip(rows, drafted, probs, moved)]
+        drafts = [Draft(tokens, None if row.ctx.sampling.greedy or not tokens else torch.stack(row_probs),
+                        bytes_read, row_confidences)
+                  for row, tokens, row_probs, bytes_read, row_confidences
+                  in zip(rows, drafted, probs, moved, confidences)]
         return drafts, time.perf_counter() - t0
 
     def _last_logits(self, slots: list[int], inputs: list[list[int]]) -> torch.Tensor:
@@ -118,6 +137,14 @@ class BatchDraftModel:
         column = {position: c for c, position in enumerate(keep)}
         rows = torch.arange(len(inputs))
         return logits[rows, torch.tensor([column[len(ids) - 1] for ids in inputs])].float()
+
+
+def token_probabilities(logits: torch.Tensor, tokens: list[int]) -> list[float]:
+    """(n, V) logits and one token per row -> each token's softmax probability (exp(logit -
+    logsumexp): one reduction, no (n, V) softmax written)."""
+    rows = torch.arange(len(tokens))
+    chosen = logits[rows, torch.tensor(tokens)]
+    return (chosen - torch.logsumexp(logits, -1)).exp().tolist()
 
 
 class OneRowDrafter(Drafter):

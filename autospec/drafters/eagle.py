@@ -61,29 +61,49 @@ class BatchEagle:
             features_in.append(hidden[fed:])  # f_fed .. f_{L-2}
         drafted: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
+        confidences: list[list[float]] = [[] for _ in rows]
+        survival = [1.0] * len(rows)  # a row's StopRule survival so far
+        going = [row.k for row in rows]  # positions a row may still draft (0: stopped)
         subset, widen = self.head.lm_head.token_ids, self.head.lm_head.widen
         for position in range(max(row.k for row in rows)):
-            active = [i for i, row in enumerate(rows) if row.k > position]
+            active = [i for i in range(len(rows)) if going[i] > position]
+            if not active:
+                break
             predicted = self._forward([rows[i].slot for i in active],
                                       [tokens_in[i] for i in active],
                                       [features_in[i] for i in active])  # (n, D)
             scores = head_scores(self.head, predicted).float()  # (n, N): the subset's
             # greedy rows' tokens in one argmax over the subset (outside it a logit is the
-            # minimum: the same token as over the vocabulary); sampled rows widen theirs
-            best = subset[scores.argmax(-1)].tolist()
+            # minimum: the same token as over the vocabulary); sampled rows widen theirs.
+            # A token's confidence: its probability over the subset (a draw's: from the
+            # distribution it was drawn from)
+            top = scores.max(-1)
+            best = subset[top.indices].tolist()
+            own = (top.values - torch.logsumexp(scores, -1)).exp().tolist()
             for j, i in enumerate(active):
                 row = rows[i]
                 self.cache.lengths[row.slot] += len(tokens_in[i])
+                token_probs = None
                 if row.ctx.sampling.greedy:
-                    token = best[j]
+                    token, confidence = best[j], own[j]
                 else:
                     token, token_probs = BatchDraftModel.pick(widen(scores[j]), row.ctx)
+                    confidence = float(token_probs[token])
+                stop = row.ctx.stop
+                if stop is not None:  # the row's StopRule: drop the token, or stop after it
+                    survival[i], kept, goes_on = stop.step(survival[i], position, confidence)
+                    going[i] = going[i] if goes_on and kept else 0
+                    if not kept:
+                        continue
+                if token_probs is not None:
                     probs[i].append(token_probs)
                 drafted[i].append(token)
+                confidences[i].append(min(1.0, max(0.0, confidence)))
                 tokens_in[i], features_in[i] = [token], predicted[j:j + 1]
         moved = self._weight_bytes // max(1, len(rows))
-        drafts = [Draft(tokens, None if row.ctx.sampling.greedy else torch.stack(row_probs), moved)
-                  for row, tokens, row_probs in zip(rows, drafted, probs)]
+        drafts = [Draft(tokens, None if row.ctx.sampling.greedy or not tokens else torch.stack(row_probs),
+                        moved, row_confidences)
+                  for row, tokens, row_probs, row_confidences in zip(rows, drafted, probs, confidences)]
         return drafts, time.perf_counter() - t0
 
     def _forward(self, slots: list[int], tokens: list[list[int]],

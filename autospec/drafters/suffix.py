@@ -10,8 +10,8 @@ all continuations at that node), cut where a confidence falls below `min_confide
   `budget_tokens`. The pair is the ModelPair *object*: two pairs never share an index, even
   under one name (tests build many pairs called "target").
 The draft is the one of the two with the larger expected accepted length Σ_j Π_{i<=j} conf_i
-(ties: the request's own). Its confidences ride on the Draft (`SuffixDraft.confidences`, a
-subclass field: Draft itself is unchanged), for a controller that cuts K where they drop.
+(ties: the request's own). Its confidences ride on the Draft (`Draft.confidences`), which the
+controller calibrates into each token's chance of acceptance (autospec/confidence.py).
 
 What enters the shared index, and when: a request's output, preceded by the last depth - 1
 tokens of its prompt (so the shared index knows how answers *begin* after a prompt's
@@ -54,7 +54,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Callable
 
@@ -94,9 +94,8 @@ class SuffixOptions:
 
 @dataclass
 class SuffixDraft(Draft):
-    """A Draft with the evidence behind it. confidences[j]: the count of token j's continuation
-    / the count of all continuations at that point (≈ P(accepted | tokens before accepted))."""
-    confidences: list[float] = field(default_factory=list)
+    """A Draft with the evidence behind it. Its confidences[j]: the count of token j's
+    continuation / the count of all continuations at that point."""
     match_length: int = 0  # tokens of the context's tail the draft continues
     shared: bool = False  # from the shared index (else from the request's own)
 

@@ -14,7 +14,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from autospec.controller.interface import Controller, Outcome, StaticController, Step
-from autospec.drafters.base import Draft, DraftContext, Drafter, create_drafter, drafter_class
+from autospec.drafters.base import (Draft, DraftContext, Drafter, check_draft, create_drafter,
+                                    drafter_class)
 from autospec.engine.request import Generation, Job, Proposal, Request
 from autospec.telemetry import summarise
 
@@ -122,7 +123,7 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
         groups.setdefault(id(controller), (controller, []))[1].append(i)
     looked: dict[int, dict[str, Proposal]] = {}  # the controllers' look-ups, by slot
     peek = functools.partial(self.peek, looked)
-    choices: list[tuple[str | None, int]] = [(None, 0)] * len(rows)
+    choices: list[tuple] = [(None, 0)] * len(rows)
     chunk, budget = None, 0
     for controller, _ in groups.values():
         self.bind(controller)  # the drafters it may choose, the first time it meets this host
@@ -138,7 +139,10 @@ def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
         for i, choice in zip(indices, decided):
             choices[i] = choice
     t1 = self.clock()
-    decisions = [(request, *choice) for (request, _), choice in zip(rows, choices)]
+    decisions = []
+    for (request, _), choice in zip(rows, choices):
+        request.stop = choice.stop if len(choice) > 2 else None  # a model drafter's, by its drafts
+        decisions.append((request, choice[0], choice[1]))
     if joining is not None and chunk is None:
         decisions.append((joining, None, 0))
     emitted = self.step_batch(decisions, looked, chunk) if decisions else []
@@ -216,7 +220,7 @@ class Host:
             return None
         drafter = self.drafter_for(request, name)
         t0 = self.clock()
-        draft = drafter.propose(self._context(request), k)
+        draft = check_draft(name, drafter.propose(self._context(request), k))
         looked.setdefault(request.slot, {})[name] = Proposal(
             len(request.tokens), k, draft, self._lookup_seconds(name, draft, t0), by_engine=False)
         return draft
@@ -231,7 +235,7 @@ class Host:
 
     def _context(self, request: Request) -> DraftContext:
         return DraftContext(request.tokens, request.sampling, request.generator,
-                            request.prompt_len, self._hidden(request))
+                            request.prompt_len, self._hidden(request), request.stop)
 
     # -- what a host supplies ------------------------------------------------------------------
     def clock(self) -> float:

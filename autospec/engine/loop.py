@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from autospec.drafters.base import Draft, Verified, drafter_class
+from autospec.drafters.base import Draft, Verified, check_draft, drafter_class
 from autospec.drafters.draft_model import DraftRow
 from autospec.engine.accept import MAX_TOP_LOGPROBS, accept_rows, token_logprobs
 from autospec.engine.jobs import Host
@@ -243,6 +243,8 @@ class Engine(Host):
             seconds += made.seconds if made.by_engine else 0.0
         else:
             draft = drafter.propose(self._context(request), k) if drafter else Draft.empty()
+        if drafter:
+            check_draft(drafter_name, draft)
         return Round(request, drafter_name if drafter else "none", k, drafter, draft,
                      draft.tokens[:k], context, time.perf_counter() - t0 + seconds)
 
@@ -261,7 +263,9 @@ class Engine(Host):
             verify_tokens=verify_tokens, context_tokens=rnd.context, bytes_moved=moved,
             bandwidth_gbs=moved / (rnd.draft_seconds + verify_seconds) / 1e9,
             batch_size=batch_size, batch_tokens=batch_tokens or verify_tokens,
-            batch_width=batch_width or verify_tokens)
+            batch_width=batch_width or verify_tokens,
+            confidences=(rnd.draft.confidences[:len(rnd.draft_tokens)]
+                         if rnd.draft.confidences is not None and rnd.draft_tokens else None))
         request.steps.append(record)
         if rnd.drafter:
             rnd.drafter.observe(Verified(len(rnd.draft_tokens), accepted, emitted))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from autospec.confidence import StopRule
 from autospec.drafters.base import Draft, Drafter
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import RequestRecord, StepRecord
@@ -77,6 +78,8 @@ class Request:
     top_logprobs: int | None = None
     logprobs: list["TokenLogprob"] = field(default_factory=list)
     seed: int = 0  # the target's samples: output position t draws position_uniform(seed, t)
+    # this step's StopRule for a model drafter (the controller's Decision.stop; None: draft K)
+    stop: StopRule | None = None
 
     @property
     def output(self) -> list[int]:

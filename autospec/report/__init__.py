@@ -125,7 +125,33 @@ def render(store: Store, peak_gbs: float | None = None, window: int = 20) -> Ren
         "bandwidth.png": plots.plot_bandwidth(shown, summaries, peak.gbs, window, who),
     }
     assert tuple(figures) == PLOTS
-    return Rendered(summary_text(requests, policies, peak.gbs, peak.source, store.url), figures)
+    text = summary_text(requests, policies, peak.gbs, peak.source, store.url)
+    return Rendered(text + calibration_text(store, requests), figures)
+
+
+def calibration_text(store: Store, requests: list[RequestPoint]) -> str:
+    """The daemons' confidence calibrations of the pairs and hardware the requests ran on,
+    each daemon's added (as a fleet merges them): predicted against observed acceptance per
+    confidence bin (autospec/confidence.py). Empty where none was learnt."""
+    from autospec.confidence import Calibration, reliability_lines
+    tables: dict[str, dict[str, list[dict]]] = {}
+    for pair, hardware in sorted({(r.model_pair, r.hardware) for r in requests}):
+        merged: dict[tuple[str, str], Calibration] = {}
+        for per_workload in store.fleet(pair, hardware)[0].values():
+            for workload, per_drafter in per_workload.items():
+                for drafter, estimate in per_drafter.items():
+                    if estimate.calibration:
+                        merged.setdefault((workload, drafter), Calibration()).merge(
+                            Calibration.from_state(estimate.calibration))
+        for (workload, drafter), calibration in sorted(merged.items()):
+            if calibration.tokens():
+                tables.setdefault(f"{pair} on {hardware}: {workload}", {})[drafter] = \
+                    calibration.reliability()
+    if not tables:
+        return ""
+    return "\n".join(["", "confidence calibration (each drafted token's confidence -> "
+                           "P(accepted); predicted before the token was learnt from):"]
+                     + reliability_lines(tables)) + "\n"
 
 
 def write_report(store: Store, out_dir: Path, peak_gbs: float | None = None,

@@ -31,6 +31,7 @@ NEUTRAL = {
     "prior_strength": 0.1,  # the pooled per-workload prior worth a tenth of an observation
     "counterfactual": False,  # look-ups scored only when they ran
     "regimes": False,  # one estimate whatever the last draft did
+    "confidence": False,  # every token priced by its drafter's mean at its position
 }
 
 
@@ -67,6 +68,8 @@ CONSTANTS = {
     ("autospec.controller.batch", "MIN_BATCH_STEPS"): (1.0, 16.0),
     ("autospec.controller.batch", "UNMEASURED_PRIOR"): (0.01, 0.25),
     ("autospec.controller.batch", "STALE_JUMP_STEPS"): (2.0, 32.0),
+    ("autospec.confidence", "CALIBRATION_STRENGTH"): (1.0, 16.0),
+    ("autospec.confidence", "BINS"): (10, 40),
 }
 
 

@@ -73,7 +73,8 @@ class _Row:
     started: float
     done: bool = False
     steps: list[StepRecord] = field(default_factory=list)
-    # the decision in flight: (drafter or None, k, tokens proposed, draft seconds, context)
+    # the decision in flight: (drafter or None, k, tokens proposed, draft seconds, context,
+    # the proposed tokens' confidences)
     pending: tuple | None = None
     # what ends it (its sampling parameters): vLLM's scheduler stops it at max_tokens or at a
     # stop token once it has min_tokens
@@ -230,17 +231,22 @@ class Proposer:
         if deciding:
             decisions = self.controller.decide(Step([row for _, row in deciding], self._peek))
             share = self.lookups.take_seconds() / len(deciding)
-            for (i, row), (drafter, k) in zip(deciding, decisions):
+            for (i, row), (drafter, k, _) in zip(deciding, decisions):
                 room = self.max_model_len - len(row.tokens) - 1
                 k = max(0, min(k, self.k_limit, room))
                 tokens: list[int] = []
+                confidences = None
                 if drafter is not None and k:
                     draft = self._looked.get((row.request_id, drafter)) or self._peek(row, drafter, k)
                     if draft is not None:
+                        # the proposal trimmed to K: the decision's over each token's calibrated
+                        # confidence (the tokens that pay at this step's goodput)
                         tokens = list(draft.tokens[:k])
+                        if draft.confidences is not None and tokens:
+                            confidences = list(draft.confidences[:len(tokens)])
                         self.stats.cut += len(draft.tokens) > self.k_limit
                 out[i] = tokens
-                row.pending = (drafter, k, len(tokens), share, len(row.tokens) - 1)
+                row.pending = (drafter, k, len(tokens), share, len(row.tokens) - 1, confidences)
         self._looked.clear()
         end = time.perf_counter()
         self._last_end, self._last_rows = end, rows
@@ -273,7 +279,7 @@ class Proposer:
         """The outcome of the row's decision in flight, now that vLLM verified it."""
         if row.pending is None or step_seconds is None:
             return None
-        drafter, k, proposed, draft_seconds, context = row.pending
+        drafter, k, proposed, draft_seconds, context, confidences = row.pending
         accepted = min(len(sampled) - 1, proposed)
         self.stats.drafted += proposed
         self.stats.accepted += accepted
@@ -281,7 +287,7 @@ class Proposer:
                             proposed, accepted, len(sampled), draft_seconds, step_seconds,
                             proposed + 1, context, 0, 0.0, batch_size=self._last_rows,
                             batch_tokens=max(scheduled, self._last_rows),
-                            batch_width=self._last_width)
+                            batch_width=self._last_width, confidences=confidences)
         row.steps.append(record)
         return record
 

@@ -3,10 +3,12 @@ import numpy as np
 import pytest
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.controller.decide import PLAIN, decide_step
+from autospec.controller.batch import Prices, batch_ks
+from autospec.controller.decide import NO_DRAFTER, choose_drafter
 from autospec.controller.estimates import AcceptanceEstimate, CostModel
 from autospec.controller.formulas import expected_tokens, speedup
-from autospec.controller.interface import Lookups, Outcome, Step, decide_one, observe_one
+from autospec.controller.interface import (PLAIN, Decision, Lookups, Outcome, Step, decide_one,
+                                           observe_one)
 from conftest import assert_lossless
 
 
@@ -17,20 +19,31 @@ def test_expected_tokens_matches_closed_form_for_flat_alpha():
     assert np.allclose(e, closed)
 
 
+def _decide(alphas, c, v) -> tuple[int, int]:
+    """One row's (drafter index or NO_DRAFTER, K) as the controller decides a batch of one:
+    the drafter (choose_drafter), then its K (batch_ks). c: seconds per drafted token, one
+    for all drafters or one each."""
+    alphas, v = [list(row) for row in alphas], list(v)
+    c = list(c) if hasattr(c, "__len__") else [c] * len(alphas)
+    winner = choose_drafter(alphas, c, v, [len(row) for row in alphas], [0.0] * len(alphas))
+    if winner == NO_DRAFTER:
+        return NO_DRAFTER, 0
+    k = batch_ks([alphas[winner]], [c[winner]], Prices(1, v[0], 0.0, v, v, v[0]))[0]
+    return (winner, k) if k else (NO_DRAFTER, 0)
+
+
 @pytest.mark.parametrize("alpha", [0.5, 0.7, 0.9])
 @pytest.mark.parametrize("c", [0.05, 0.2])
 def test_best_choice_is_argmax_of_speedup(alpha, c):
     v = 1 + 0.03 * np.arange(9)  # verify cost grows a little with K, as on a CPU
     s = speedup(np.full(8, alpha), c, v)
-    alphas = np.full((1, 8), alpha)
-    assert decide_step(alphas, np.array([c]), v, 8) == (0, int(np.argmax(s)))
+    assert _decide([[alpha] * 8], c, v) == (0, int(np.argmax(s)))
 
 
 def test_plain_wins_when_drafts_are_useless_or_too_dear():
     v = np.ones(9)
-    zero, half = np.zeros((1, 8)), np.full((1, 8), 0.5)
-    assert decide_step(zero, np.array([0.01]), v, 8) == (PLAIN, 0)
-    assert decide_step(half, np.array([2.0]), v, 8) == (PLAIN, 0)
+    assert _decide([[0.0] * 8], 0.01, v) == (NO_DRAFTER, 0)
+    assert _decide([[0.5] * 8], 2.0, v) == (NO_DRAFTER, 0)
 
 
 def test_acceptance_estimate_follows_a_phase_change():
@@ -168,22 +181,21 @@ def test_controller_seconds_are_the_time_in_decide_and_update(tiny_pair, clock):
                                                                  abs=1e-12)
 
 
-def test_decide_step_on_arrays():
-    from autospec.controller.decide import PLAIN, decide_step
-    verify = np.ones(9)  # memory-bound: a forward costs the same for any K
-    strong, weak = np.full(8, 0.9), np.full(8, 0.3)
-    two = np.stack([weak, strong])
-    cheap = np.array([0.01, 0.01])
-    # the better drafter wins; K the longest (flat verify, cheap drafts)
-    assert decide_step(two, cheap, verify, 8) == (1, 8)
+def test_the_drafter_choice_on_arrays():
+    verify = [1.0] * 9  # memory-bound: a forward costs the same for any K
+    strong, weak = [0.9] * 8, [0.3] * 8
+    cheap = [0.01, 0.01]
+    # the better drafter wins
+    assert choose_drafter([weak, strong], cheap, verify, [8, 8], [0.0, 0.0]) == 1
     # a switch's price: a drafter that must first prefill its cache loses a near tie
-    near = np.stack([np.full(8, 0.89), strong])
-    assert decide_step(near, cheap, verify, 8, [0.0, 0.0])[0] == 1
-    assert decide_step(near, cheap, verify, 8, [0.0, 1.0])[0] == 0
+    near = [[0.89] * 8, strong]
+    assert choose_drafter(near, cheap, verify, [8, 8], [0.0, 0.0]) == 1
+    assert choose_drafter(near, cheap, verify, [8, 8], [0.0, 1.0]) == 0
     # useless drafts, or drafts dearer than a forward: plain decoding
-    zero = np.zeros((2, 8))
-    assert decide_step(zero, cheap, verify, 8) == (PLAIN, 0)
-    assert decide_step(two, np.array([2.0, 2.0]), verify, 8) == (PLAIN, 0)
+    assert choose_drafter([[0.0] * 8] * 2, cheap, verify, [8, 8], [0.0, 0.0]) == NO_DRAFTER
+    assert choose_drafter([weak, strong], [2.0, 2.0], verify, [8, 8], [0.0, 0.0]) == NO_DRAFTER
+    # K the longest (flat verify, cheap drafts)
+    assert _decide([strong], 0.01, verify) == (0, 8)
 
 
 def test_ngram_is_drafted_only_as_far_as_its_proposal_reaches():
@@ -194,10 +206,10 @@ def test_ngram_is_drafted_only_as_far_as_its_proposal_reaches():
     ctl.costs.observe_verify(1, 0.01)
     ctl.costs.observe_draft("ngram", 1e-6, 1)
     fresh = row("a", [5, 6, 7, 8], 4, None)  # no suffix recurs: nothing to propose
-    assert decide_one(ctl, fresh) == (None, 0)
+    assert decide_one(ctl, fresh) == PLAIN
     # the suffix (7, 8) recurred with three tokens after it (9, 7, 8): at most 3 can be drafted
     short = row("b", [7, 8, 9, 7, 8], 5, None)
-    drafter, k = decide_one(ctl, short)
+    drafter, k, _ = decide_one(ctl, short)
     assert drafter == "ngram" and 1 <= k <= 3
 
 
@@ -235,10 +247,10 @@ def test_python_decision_agrees_with_the_rate_table():
         verify = 1 + rng.uniform(0, 0.1) * np.arange(17)
         table = rate_table(alphas, draft_s, verify)
         best = [int(np.argmax(row[1:])) + 1 for row in table]
-        winner, k = decide_step(alphas, draft_s, verify, 16)
+        winner, k = _decide(alphas, draft_s, verify)
         rates = table[:, 1:].max(axis=1)
         if rates.max() <= table[0, 0]:
-            assert (winner, k) == (PLAIN, 0)
+            assert (winner, k) == (NO_DRAFTER, 0)
             continue
         assert winner == int(np.argmax(rates))
         # the loop stops at survival < 1e-6: a K past that gains under a millionth of a token

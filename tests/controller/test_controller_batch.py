@@ -11,7 +11,8 @@ from autospec.controller.batch import BatchCost, Prices, batch_ks
 from autospec.engine.loop import Engine
 from autospec.engine.request import Job
 from autospec.telemetry import StepRecord
-from autospec.controller.interface import Lookups, Outcome, Step, decide_one, observe_one
+from autospec.controller.interface import (PLAIN, Decision, Lookups, Outcome, Step, decide_one,
+                                           observe_one)
 from conftest import NEAR_TIE, divergences
 
 
@@ -121,7 +122,7 @@ def test_the_controller_stops_speculating_when_the_batch_cost_says_so():
     # batch 1 measured: a flat forward, n-gram right every time
     for step in range(30):
         for request in rows[:1]:
-            drafter, k = decide_one(controller, request)
+            drafter, k, _ = decide_one(controller, request)
             observe_one(controller, StepRecord(request.request_id, step, drafter or "none", k, k, k,
                                          k + 1, 0.0, 0.010 + 0.0002 * k, k + 1, 100, 0, 0.0),
                               request)
@@ -137,7 +138,7 @@ def test_the_controller_stops_speculating_when_the_batch_cost_says_so():
                                          0.001 * 16 * 5 * 8, 5, 100, 0, 0.0, batch_size=16,
                                          batch_tokens=80), request)
     choices = controller.decide(Step(rows, Lookups().peek))
-    assert all(k == 0 for _, k in choices), choices
+    assert all(k == 0 for _, k, _ in choices), choices
 
 
 def test_a_batch_under_the_adaptive_controller_is_lossless(reference_pair):
@@ -181,9 +182,9 @@ def test_a_row_that_went_plain_for_want_of_a_match_drafts_at_the_next_match():
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",)))
     controller.costs.observe_verify(1, 0.01)  # a plain step measured: decisions may begin
     no_match = row("r", [1, 2, 3, 4], 4, "w")
-    assert decide_one(controller, no_match) == (None, 0)
+    assert decide_one(controller, no_match) == PLAIN
     no_match.tokens += [1, 2, 3]  # "1 2 3" recurs: n-gram has a proposal now
-    drafter, k = decide_one(controller, no_match)
+    drafter, k, _ = decide_one(controller, no_match)
     assert drafter == "ngram" and k >= 1
 
 
@@ -194,10 +195,10 @@ def test_a_batch_decodes_plain_until_its_cost_is_measured():
                                                        prior_means={"ngram": 0.95}))
     controller.costs.observe_verify(1, 0.010)
     rows = _rows(4)
-    assert controller.decide(Step(rows, Lookups().peek)) == [(None, 0)] * 4
+    assert controller.decide(Step(rows, Lookups().peek)) == [PLAIN] * 4
     for _ in range(5):
         controller.batch_cost.observe(4, 4, 0.012)  # 4 plain rows cost 1.2 rows: memory-bound
-    assert all(drafter == "ngram" and k >= 1 for drafter, k in controller.decide(Step(rows, Lookups().peek)))
+    assert all(drafter == "ngram" and k >= 1 for drafter, k, _ in controller.decide(Step(rows, Lookups().peek)))
 
 
 def _costly_drafter_controller() -> AdaptiveController:
@@ -230,10 +231,10 @@ def test_a_drafter_that_stalls_the_batch_is_priced_for_the_batch():
     controller = _costly_drafter_controller()
     assert decide_one(controller, _rows(1)[0])[0] == "draft-model"
     rows = _rows(16)
-    assert "draft-model" not in {drafter for drafter, _ in controller.decide(Step(rows, Lookups().peek))}
+    assert "draft-model" not in {drafter for drafter, *_ in controller.decide(Step(rows, Lookups().peek))}
     _measure_batch(controller)
     choices = controller.decide(Step(rows, Lookups().peek))
-    assert {drafter for drafter, _ in choices} == {"ngram"} and all(k >= 1 for _, k in choices)
+    assert {drafter for drafter, *_ in choices} == {"ngram"} and all(k >= 1 for _, k, _ in choices)
 
 
 def test_a_row_whose_drafter_the_batch_will_not_pay_for_drafts_with_ngram():
@@ -249,7 +250,7 @@ def test_a_row_whose_drafter_the_batch_will_not_pay_for_drafts_with_ngram():
     _measure_batch(controller)
     controller._choose = lambda *args, **kwargs: "draft-model"
     choices = controller.decide(Step(rows, Lookups().peek))
-    assert {drafter for drafter, _ in choices} == {"ngram"} and all(k >= 1 for _, k in choices)
+    assert {drafter for drafter, *_ in choices} == {"ngram"} and all(k >= 1 for _, k, _ in choices)
 
 
 def test_one_row_a_step_tries_a_model_drafter_nobody_has_run():
@@ -264,10 +265,10 @@ def test_one_row_a_step_tries_a_model_drafter_nobody_has_run():
     controller.costs.observe_draft("draft-model", 0.0001, 1)  # cheap a token (a warm start)
     rows = _rows(8)
     _measure_batch(controller)
-    chosen = [drafter for drafter, _ in controller.decide(Step(rows, Lookups().peek))]
+    chosen = [drafter for drafter, *_ in controller.decide(Step(rows, Lookups().peek))]
     assert chosen.count("draft-model") == 1, chosen
     controller.costs.observe_prefill("draft-model", 0.0001, 0, 8)  # its start-up, measured
-    assert all(drafter == "draft-model" for drafter, _ in controller.decide(Step(rows, Lookups().peek)))
+    assert all(drafter == "draft-model" for drafter, *_ in controller.decide(Step(rows, Lookups().peek)))
 
 
 def test_a_drafted_step_s_jump_goes_stale_without_drafted_steps():
@@ -306,7 +307,7 @@ def test_a_step_cap_bounds_the_controller_s_k_at_batch_1():
         request = row("r", period * 3, 120, "copy")
         ks = []
         for step in range(40):
-            drafter, k = decide_one(controller, request)
+            drafter, k, _ = decide_one(controller, request)
             ks.append(k)
             observe_one(controller, StepRecord("r", step, drafter or "none", k, k, k, k + 1, 0.0,
                                          0.010 + 0.0005 * k, k + 1, 100, 0, 0.0), request)
@@ -321,13 +322,13 @@ def test_under_a_step_cap_a_prompt_chunk_takes_the_room_above_a_plain_step():
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",), step_cap=1.25))
     request = row("r", period * 3, 120, "copy")
     for step in range(40):
-        drafter, k = decide_one(controller, request)
+        drafter, k, _ = decide_one(controller, request)
         observe_one(controller, StepRecord("r", step, drafter or "none", k, k, k, k + 1, 0.0,
                                      0.010 + 0.0001 * k, k + 1, 100, 0, 0.0), request)
     assert controller.chunk_budget(1, 64) in (24, 25)
     assert controller.chunk_budget(1, 16) == 16
     assert controller.decide(Step([request], Lookups().peek))[0][1] >= 8
-    assert controller.decide(Step([request], Lookups().peek, 25)) == [(None, 0)]
+    assert controller.decide(Step([request], Lookups().peek, 25)) == [PLAIN]
     assert AdaptiveController(ControllerSettings(drafters=("ngram",))).chunk_budget(1, 64) == 64
 
 

@@ -25,7 +25,7 @@ def run(controller, steps: int = 600, slow_forwards: int = 3, slowdown: float = 
     request = row("r", PERIOD * 2, 2 * len(PERIOD), "copy-heavy")
     slow_left, chosen = slow_forwards, []
     for step in range(steps):
-        drafter, k = decide_one(controller, request)
+        drafter, k, _ = decide_one(controller, request)
         k = k if drafter else 0
         seconds = true_verify_seconds(k)
         if k and slow_left:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.controller.interface import Lookups, Outcome, Step
+from autospec.controller.interface import PLAIN, Lookups, Outcome, Step
 from autospec.drafters import base
 from autospec.telemetry import StepRecord
 
@@ -65,7 +65,7 @@ def test_a_registered_look_up_drafter_is_peeked_and_scored_like_ngram(third_part
         asked.append(name)
         return lookups.peek(r, name, k)
 
-    assert controller.decide(Step([row], peek)) == [(None, 0)]  # the first step measures plain
+    assert controller.decide(Step([row], peek)) == [PLAIN]  # the first step measures plain
     assert asked == [third_party]  # peeked all the same; draft-model never is
     estimate = controller._requests["r"].acceptance[third_party, False]
     before = estimate.observations().sum()

@@ -6,6 +6,7 @@ from sqlalchemy import event, inspect, select, text
 
 from autospec.store import (Estimate, StepAggregate, StoreError, StoreSchemaError, default_url,
                             open_store, step_aggregates)
+from autospec.confidence import Calibration
 from autospec.store import migrations, schema
 from autospec.store.schema import RequestRow, SchemaVersionRow, StepAggregateRow
 from autospec.telemetry import RequestRecord, StepRecord, summarise
@@ -331,7 +332,7 @@ def test_a_v4_store_gains_the_method_column_and_keeps_its_rows(backend, url, req
         before = _rows_but_method(store)
     with open_store(url) as store:
         with store.session_scope(write=False) as session:
-            assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION == 5
+            assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION
             rows = session.scalars(select(RequestRow).order_by(RequestRow.id)).all()
             assert [r.to_record() for r in rows] == [
                 dataclasses.replace(record(r.request_id, workload=r.workload), step_records=[])
@@ -342,3 +343,30 @@ def test_a_v4_store_gains_the_method_column_and_keeps_its_rows(backend, url, req
         with store.session_scope(write=False) as session:
             assert session.scalar(select(RequestRow.method)
                                   .where(RequestRow.request_id == "r3")) == "plain"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_v5_store_gains_the_calibration_column_and_keeps_its_estimates(backend, url, request):
+    """Schema 6 adds estimates.calibration (nullable): a v5 store's estimates load as they
+    were, with none learnt; an estimate with a calibration round-trips."""
+    if backend == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+    old = Estimate("ngram", "copy", (0.9, 0.8), (10.0, 5.0), 1e-6, 0.01, 0.001)
+    with open_store(url) as store:
+        store.save_estimates("reference", "cpu", [old])
+        with store.engine.begin() as connection:  # back to what schema 5 wrote
+            connection.execute(text("ALTER TABLE autospec_estimates DROP COLUMN calibration"))
+            connection.execute(text("UPDATE autospec_schema_version SET version = 5"))
+    with open_store(url) as store:
+        with store.session_scope(write=False) as session:
+            assert session.get(SchemaVersionRow, 1).version == schema.SCHEMA_VERSION == 6
+        kept = store.load_estimates("reference", "cpu")["copy"]["ngram"]
+        assert dataclasses.replace(kept, updated_at=None) == old and kept.calibration is None
+        learnt = Calibration()
+        learnt.update([0.9, 0.2], 1, [0.5, 0.5])
+        store.save_estimates("reference", "cpu",
+                             [dataclasses.replace(old, calibration=learnt.state())])
+        kept = store.load_estimates("reference", "cpu")["copy"]["ngram"]
+        assert kept.calibration == learnt.state()
+    with pytest.raises(ValueError, match="estimate ngram/copy: calibration.seen"):
+        dataclasses.replace(old, calibration={"kept": [0.0] * 20, "seen": [1.0]})

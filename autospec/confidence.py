@@ -1,0 +1,205 @@
+"""Each drafted token's own confidence, calibrated online into P(accepted), and the rule that
+stops a drafting where its next token cannot pay.
+
+A drafter returns a confidence in [0, 1] with every token it proposes (`Draft.confidences`):
+a model drafter its own probability of the token, a look-up drafter an evidence score of what
+it matched. Confidences are not probabilities of acceptance — a draft model's 0.9 may be kept
+half the time — so a `Calibration` per (workload, drafter) learns the map, bin by bin:
+
+    p(c, j) = (kept_b + S * alpha_j) / (seen_b + S)        b = the bin of c (BINS equal bins)
+
+kept_b / seen_b the verified tokens of bin b that were kept / scored (a token is scored only
+where every token before it in its draft was kept: p is conditional, as alpha_j is), and
+alpha_j the drafter's per-position mean acceptance at the token's position (the controller's
+estimate for the request). Before a bin has evidence p is alpha_j, so a new drafter — or one
+that returns no confidences — decides exactly as the per-position means do; the bin's own
+rate takes over as its tokens are verified.
+
+The decision then ranks tokens by survival, g_j = prod_{l <= j} p_l (controller/batch.py), and
+a model drafter, whose tokens are known only while it drafts, stops a row by `StopRule`.
+
+Plain Python floats: every step calls this for every drafted token (a dozen numpy calls on
+16-element arrays cost more than these loops).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BINS = 20  # equal-width bins over [0, 1]: 0.05 wide
+# what the per-position mean is worth inside a bin, in verified tokens: the bin's own rate
+# dominates after a few dozen tokens. Replay (`autospec replay --knobs`, docs/controller.md)
+# judges the calibration as a whole, on or off
+CALIBRATION_STRENGTH = 4.0
+
+
+def bin_of(confidence: float) -> int:
+    """The bin of a confidence in [0, 1] (1.0 in the last)."""
+    b = int(confidence * BINS)
+    return b if b < BINS else BINS - 1
+
+
+def check_confidences(drafter: str, tokens: list[int], confidences) -> None:
+    """A drafter's confidences: None (it has none), or one float in [0, 1] per token. A
+    ValueError names the drafter and what is wrong."""
+    if confidences is None:
+        return
+    if len(confidences) != len(tokens):
+        raise ValueError(f"drafter {drafter!r} returned {len(confidences)} confidences for "
+                         f"{len(tokens)} draft tokens (one per token, or None)")
+    for j, c in enumerate(confidences):
+        if not 0.0 <= c <= 1.0:  # NaN fails too
+            raise ValueError(f"drafter {drafter!r} returned confidence {c!r} at draft position "
+                             f"{j}: confidences must be in [0, 1]")
+
+
+@dataclass
+class Calibration:
+    """Confidence -> P(accepted | the tokens before it were), per bin (module docstring).
+
+    Besides the evidence, what the bins predicted for the tokens they scored, before each
+    was folded in (`predicted`): the reliability table (`reliability`) compares an honest,
+    out-of-sample prediction with what was observed."""
+    kept: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    seen: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    predicted: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    strength: float = field(default_factory=lambda: CALIBRATION_STRENGTH)
+
+    def p(self, confidence: float, alpha: float) -> float:
+        """P(accepted) of a token of this confidence, at a position whose mean is alpha."""
+        b = bin_of(confidence)
+        return (self.kept[b] + self.strength * alpha) / (self.seen[b] + self.strength)
+
+    def alphas(self, confidences: list[float], means: list[float]) -> list[float]:
+        """Each token's calibrated P(accepted), means[j] the per-position mean at its
+        position (the last mean past their end)."""
+        kept, seen, s = self.kept, self.seen, self.strength
+        last = means[-1] if means else 0.5
+        out = []
+        for j, c in enumerate(confidences):
+            b = int(c * BINS)
+            if b >= BINS:
+                b = BINS - 1
+            alpha = means[j] if j < len(means) else last
+            out.append((kept[b] + s * alpha) / (seen[b] + s))
+        return out
+
+    def update(self, confidences: list[float], accepted: int, means: list[float]) -> None:
+        """One verified draft whose tokens had `confidences` (as far as they were verified)
+        and of which the first `accepted` were kept: those are kept, the next one (if any)
+        was rejected, later ones were never scored. `means` as for `alphas` (the prediction
+        the reliability table keeps)."""
+        scored = min(accepted + 1, len(confidences))
+        if scored <= 0:
+            return
+        predictions = self.alphas(confidences[:scored], means)
+        kept, seen, predicted = self.kept, self.seen, self.predicted
+        for j in range(scored):
+            b = bin_of(confidences[j])
+            seen[b] += 1.0
+            predicted[b] += predictions[j]
+            if j < accepted:
+                kept[b] += 1.0
+
+    def merge(self, other: "Calibration") -> None:
+        """Add another calibration's evidence (a warm start, a fleet)."""
+        for mine, theirs in ((self.kept, other.kept), (self.seen, other.seen),
+                             (self.predicted, other.predicted)):
+            for b in range(BINS):
+                mine[b] += theirs[b]
+
+    def tokens(self) -> float:
+        return sum(self.seen)
+
+    def state(self) -> dict:
+        """JSON: what restores it (the daemon's snapshot, the store's row)."""
+        return {"kept": [round(x, 4) for x in self.kept], "seen": [round(x, 4) for x in self.seen],
+                "predicted": [round(x, 4) for x in self.predicted]}
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> "Calibration":
+        """A kept state back; ValueError where it is not BINS numbers per list."""
+        out = cls()
+        if not state:
+            return out
+        for name in ("kept", "seen", "predicted"):
+            values = state.get(name, [0.0] * BINS)
+            if not isinstance(values, list) or len(values) != BINS:
+                raise ValueError(f"calibration.{name}: expected {BINS} numbers, got {values!r}")
+            setattr(out, name, [float(v) for v in values])
+        return out
+
+    def reliability(self) -> list[dict]:
+        """Per bin with evidence: its confidence range, the tokens scored, the mean predicted
+        P(accepted) (out of sample) and the observed rate."""
+        rows = []
+        for b in range(BINS):
+            n = self.seen[b]
+            if n > 0:
+                rows.append({"bin": [round(b / BINS, 2), round((b + 1) / BINS, 2)],
+                             "tokens": round(n, 1), "predicted": round(self.predicted[b] / n, 4),
+                             "observed": round(self.kept[b] / n, 4)})
+        return rows
+
+
+def reliability_gap(rows: list[dict]) -> float | None:
+    """The mean absolute gap between predicted and observed acceptance over a reliability
+    table's bins, weighted by their tokens (None: no bins)."""
+    total = sum(r["tokens"] for r in rows)
+    if not total:
+        return None
+    return sum(r["tokens"] * abs(r["predicted"] - r["observed"]) for r in rows) / total
+
+
+def reliability_lines(tables: dict[str, dict[str, list[dict]]], indent: str = "  ") -> list[str]:
+    """{workload: {drafter: reliability table}} as text: a line per drafter with its tokens
+    and mean gap, then one per bin (predicted against observed acceptance)."""
+    lines = []
+    for workload, per_drafter in tables.items():
+        for drafter, rows in per_drafter.items():
+            gap = reliability_gap(rows)
+            tokens = sum(r["tokens"] for r in rows)
+            lines.append(f"{indent}{workload} / {drafter}: {tokens:.0f} tokens verified, mean "
+                         f"|predicted - observed| {gap:.3f}")
+            for r in rows:
+                low, high = r["bin"]
+                lines.append(f"{indent}  confidence {low:.2f}-{high:.2f}: {r['tokens']:>8.0f} "
+                             f"tokens, predicted {r['predicted']:.3f}, observed {r['observed']:.3f}")
+    return lines
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """Where a model drafter stops a row (its tokens are known only as it drafts them): after
+    its j-th token, with survival g_j = prod_{l <= j} p_l (p from `calibration` at `means`):
+    - the token is dropped, and drafting stops, where g_j < keep: its verify would cost more
+      than it is expected to return (keep = R c, R the step's goodput in tokens per second
+      and c a drafted token's verify seconds);
+    - drafting stops after it where g_j < go: no later token (whose survival is at most g_j)
+      can pay for its own drafting and verify (go = R (d + c), d a drafted token's seconds).
+    The decision's K stays the bound."""
+    calibration: Calibration
+    means: list[float]
+    keep: float
+    go: float
+
+    def survival(self, survival: float, position: int, confidence: float) -> float:
+        means = self.means
+        alpha = means[position] if position < len(means) else (means[-1] if means else 0.5)
+        return survival * self.calibration.p(confidence, alpha)
+
+    def step(self, survival: float, position: int, confidence: float) -> tuple[float, bool, bool]:
+        """A drafting's next token: (its survival, whether it is kept, whether drafting goes
+        on after it)."""
+        g = self.survival(survival, position, confidence)
+        return g, g >= self.keep, g >= self.go
+
+    def cut(self, confidences: list[float]) -> int:
+        """How many of a draft's tokens the rule keeps (the draft already made: replay)."""
+        g = 1.0
+        for j, c in enumerate(confidences):
+            g = self.survival(g, j, c)
+            if g < self.keep:
+                return j
+            if g < self.go:
+                return j + 1
+        return len(confidences)
