@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from autospec.bench.harness import OVERALL, Cell, Prompt, cell_stats, prompt_ids
-from autospec.models.ties import verdict
+from autospec.models.ties import logprob_verdict, verdict
 from autospec.bench.methods import RunResult, fresh_history, hf_generate
 from autospec.bench.roofline import format_roofline, peaks, roofline
 from autospec.controller.factory import make_controller
@@ -204,22 +204,35 @@ def method_stats(run: LoadRun, prompts: list[Prompt], categories: list[str],
                   plain: LoadRun | None, greedy: bool, target=None,
                   encoded: list[list[int]] | None = None) -> dict:
     """identical_to_plain: True, "near-tie" or False (models/ties.py) where `target` and the
-    prompts' `encoded` ids are given, else whether every output equals plain's."""
+    prompts' `encoded` ids are given, or both runs reported their log-probabilities
+    (`logprob_verdict`: vLLM's), else whether every output equals plain's. The overall
+    entry lists each parting (`divergences`: prompt, position, plain's margin, the limit)."""
     scopes = {OVERALL: range(len(prompts))}
     scopes.update({c: [i for i, p in enumerate(prompts) if p.category == c] for c in categories})
-    stats = {}
+    stats, parted = {}, []
     for scope, indices in scopes.items():
         same = None
         if greedy and plain:
             got = [run.results[i].token_ids for i in indices]
             want = [plain.results[i].token_ids for i in indices]
-            same = (verdict(target, [encoded[i] for i in indices], got, want)[0]
-                    if target is not None else got == want)
+            if target is not None:
+                same, found = verdict(target, [encoded[i] for i in indices], got, want)
+            elif all(run.results[i].logprobs is not None and plain.results[i].logprobs is not None
+                     for i in indices):
+                same, found = logprob_verdict(got, want, [run.results[i].logprobs for i in indices],
+                                              [plain.results[i].logprobs for i in indices])
+            else:
+                same, found = got == want, []
+            if scope == OVERALL:
+                parted = [{**d, "prompt": prompts[indices[d["prompt"]]].id} for d in found]
         stats[scope] = _stats(run, indices, same)
         if plain:
             base = _stats(plain, indices, None)["throughput_tokens_per_s"]
             stats[scope]["speedup_vs_plain"] = stats[scope]["throughput_tokens_per_s"] / base if base else None
-    return {OVERALL: stats.pop(OVERALL), "by_category": stats}
+    overall = stats.pop(OVERALL)
+    if parted:
+        overall["divergences"] = parted
+    return {OVERALL: overall, "by_category": stats}
 
 
 def _stats(run: LoadRun, indices, same: bool | None) -> dict:

@@ -29,6 +29,10 @@ class RunResult:
     accepted: int = 0
     steps: int = 0
     step_records: list | None = None
+    # per output position, {token: log-probability} of the run's own distribution there (its
+    # top two and the token it chose), where the runner reports them (vLLM's logprobs): what
+    # a verdict reads a divergence's margin from where our target cannot be asked
+    logprobs: list[dict[int, float]] | None = None
 
 
 Runner = Callable[[list[int], int, float, int, str], RunResult]

@@ -85,3 +85,33 @@ def verdict(model, prompts: list[list[int]], outputs: list[list[int]],
     if not found:
         return True, []
     return ("near-tie" if all(d["margin"] < d["limit"] for d in found) else False), found
+
+
+def logprob_verdict(outputs: list[list[int]], plain: list[list[int]],
+                    output_logprobs: list[list[dict[int, float]]],
+                    plain_logprobs: list[list[dict[int, float]]]) -> tuple[bool | str, list[dict]]:
+    """`verdict` for an engine whose target we cannot run (vLLM), from the log-probabilities
+    both runs reported (each position's top two and the chosen token's): a divergence's
+    margin is plain's top-1 minus top-2 log-probability there (a difference of log-softmaxes
+    is one of logits), and the limit twice the rounding spread measured on these very texts —
+    the largest difference between the two runs' log-probability of the same chosen token
+    wherever their outputs still agree (two orders of the same arithmetic, as
+    `rounding_spread`'s), at least NEAR_TIE."""
+    spread, found = 0.0, []
+    for i, (got, want) in enumerate(zip(outputs, plain)):
+        at = first_difference(got, want)
+        for t in range(min(at, len(output_logprobs[i]), len(plain_logprobs[i]))):
+            mine, theirs = output_logprobs[i][t].get(got[t]), plain_logprobs[i][t].get(want[t])
+            if mine is not None and theirs is not None:
+                spread = max(spread, abs(mine - theirs))
+        if got != want:
+            top = sorted(plain_logprobs[i][at].values(), reverse=True) if at < len(
+                plain_logprobs[i]) else []
+            margin = top[0] - top[1] if len(top) > 1 else float("inf")
+            found.append({"prompt": i, "position": at, "margin": margin})
+    limit = max(2 * spread, NEAR_TIE)
+    for d in found:
+        d["limit"] = limit
+    if not found:
+        return True, []
+    return ("near-tie" if all(d["margin"] < limit for d in found) else False), found

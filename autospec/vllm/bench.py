@@ -17,7 +17,8 @@ At each concurrency N every vLLM method decodes the whole workload with N closed
 (N requests in flight, the next sent when one ends: `LLMEngine.add_request` and `step`), the
 methods taking turns in an order that rotates from repeat to repeat; the repeat with the median
 wall time is reported, in `autospec bench --concurrency`'s statistics (bench/load.py), with
-identical_to_plain against vLLM's plain output at the same N. The `ours:` methods run after, on
+identical_to_plain against vLLM's plain output at the same N (True, "near-tie" with each parting's
+margin from vLLM's own log-probabilities, or False: models/ties.py logprob_verdict). The `ours:` methods run after, on
 autospec's engine (bench/load.py's run_load), identical_to_plain against ours:plain. Batch 1 is
 N = 1; the report's `methods` is N = 1's when it ran. With `--arrivals`, every method also
 takes the schedule's open-loop load (bench/arrivals.py's statistics; vLLM queues what finds
@@ -193,8 +194,11 @@ def _drive(llm, jobs: list[tuple[list[int], int]], temperature: float, seed: int
     results: list[RunResult] = [None] * len(jobs)
     pending, active = deque(range(len(jobs))), {}  # request id -> (job, when due)
     seen, steps, last = [0] * len(jobs), [0] * len(jobs), [0.0] * len(jobs)
+    # greedy: each token's top-2 log-probabilities too (the identity verdict's margins at a
+    # parting, models/ties.py logprob_verdict)
     params = [vllm.SamplingParams(temperature=temperature, max_tokens=n,
-                                  seed=seed if temperature else None) for _, n in jobs]
+                                  seed=seed if temperature else None,
+                                  logprobs=None if temperature else 2) for _, n in jobs]
     t0 = time.perf_counter()
     while pending or active:
         while pending:
@@ -223,10 +227,19 @@ def _drive(llm, jobs: list[tuple[list[int], int]], temperature: float, seed: int
                 last[i], seen[i] = now, len(tokens)
                 steps[i] += 1
             if out.finished:
-                results[i] = RunResult(list(tokens), now - sent, steps=steps[i])
+                results[i] = RunResult(list(tokens), now - sent, steps=steps[i],
+                                       logprobs=_logprobs(out.outputs[0].logprobs))
                 del active[out.request_id]
     run.wall_s = time.perf_counter() - t0
     return run, results
+
+
+def _logprobs(positions) -> list[dict[int, float]] | None:
+    """vLLM's per-position {token: Logprob} as {token: log-probability} (None: not asked)."""
+    if positions is None:
+        return None
+    return [{int(token): float(entry.logprob) for token, entry in position.items()}
+            for position in positions]
 
 
 def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[VllmMethod],
