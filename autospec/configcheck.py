@@ -20,7 +20,7 @@ import yaml
 
 
 class ConfigError(ValueError):
-    """A file that cannot be used. `where` is the field path ("controller.regimes",
+    """A file that cannot be used. `where` is the field path ("controller.confidence",
     "drafters[1]"; empty for the whole file), `problem` says what is wrong and what is
     accepted, `file` names the file once it is known."""
 

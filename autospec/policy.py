@@ -46,7 +46,10 @@ PRIOR_FIELD = "acceptance_mean"  # priors: {DRAFTER: {acceptance_mean: VALUE}}
 _NO_EFFECT = ("removed: with it on or off the controller's replayed tokens/s moved less than "
               "the noise (autospec replay TRACE --knobs)")
 RETIRED = {name: _NO_EFFECT for name in
-           ("hysteresis", "discount", "prior_discount", "thompson", "explore_pooled")}
+           ("hysteresis", "discount", "prior_discount", "thompson", "explore_pooled", "regimes")}
+RETIRED["counterfactual"] = ("removed as a knob: with it on or off the controller's replayed "
+                             "tokens/s moved less than the noise; the look-ups that did not run "
+                             "are always scored (they teach the confidence calibration)")
 log = logging.getLogger("autospec.policy")
 
 
@@ -56,7 +59,7 @@ def policy_knobs() -> dict[str, Knob]:
 
 
 def policy_path(name: str, knob: Knob) -> str:
-    """The field's path in a policy file and a search space: `k_max`, `controller.regimes`,
+    """The field's path in a policy file and a search space: `k_max`, `controller.confidence`,
     `priors` (each drafter's value under `priors.DRAFTER`)."""
     return {"": name, "controller": f"controller.{name}", "priors": "priors"}[knob.section]
 

@@ -14,12 +14,12 @@ TUNED = """\
 schema_version: 1
 drafters: [ngram, draft-model]
 k_max: 6
-controller: {prior_strength: 2.0, regimes: false}
+controller: {prior_strength: 2.0, confidence: false}
 priors: {ngram: {acceptance_mean: 0.7}}
 workloads:
   copy-heavy:
     k_max: 12
-    controller: {counterfactual: false}
+    controller: {cost_stale_steps: 8}
     priors: {ngram: {acceptance_mean: 0.9}}
   completion:
     drafters: [draft-model]
@@ -74,8 +74,8 @@ def test_a_retired_field_is_read_warned_about_and_ignored():
 def test_workload_overrides_merge_field_by_field(tmp_path):
     policy = load_policy(write(tmp_path, TUNED))
     copy = policy.to_settings("copy-heavy")
-    assert (copy.k_max, copy.counterfactual, copy.prior_strength, copy.regimes) == (12, False, 2.0,
-                                                                                   False)
+    assert (copy.k_max, copy.cost_stale_steps, copy.prior_strength, copy.confidence) == (
+        12, 8, 2.0, False)
     assert policy.resolve("copy-heavy").prior_means["ngram"] == 0.9
     assert policy.resolve("copy-heavy").prior_means["draft-model"] == 0.5  # base's default kept
     assert policy.to_settings("completion").drafters == ("draft-model",)
@@ -105,7 +105,7 @@ def test_hash_ignores_form_and_provenance_but_not_values():
      "controller.step_cap: expected a number in [0, 16], got 20"),
     ("schema_version: 1\ncontroller: {prior_strenght: 0.9}",
      "controller.prior_strenght: unknown field (did you mean 'prior_strength'? accepted: "
-     "confidence, cost_stale_steps, counterfactual, prior_strength, regimes, step_cap)"),
+     "confidence, cost_stale_steps, prior_strength, step_cap)"),
     ("schema_version: 1\nworkloads: {copy-heavy: {k_max: 100}}",
      "workloads.copy-heavy.k_max: expected an integer in [1, 64], got 100"),
     ("schema_version: 1\nk_max: 4\nworkloads: {copy-heavy: {k_min: 6}}",
@@ -114,8 +114,8 @@ def test_hash_ignores_form_and_provenance_but_not_values():
      "drafters[1]: unknown drafter 'ngarm' (known: draft-model, eagle, early-exit, ngram, suffix, synthetic"),
     ("schema_version: 1\npriors: {ngram: {acceptance_mean: 1.0}}",
      "priors.ngram.acceptance_mean: expected a number in (0, 1), got 1.0"),
-    ("schema_version: 1\ncontroller: {regimes: 'yes'}",
-     "controller.regimes: expected true or false, got 'yes'"),
+    ("schema_version: 1\ncontroller: {confidence: 'yes'}",
+     "controller.confidence: expected true or false, got 'yes'"),
     ("schema_version: 1\ncontroller: {prior_strength: 1e-3}",
      "expected a number > 0, got '1e-3' (YAML reads 1e-3 as text: write e.g. 1.0e-3"),
     ("schema_version: 1\ncontroller: {prior_strength: 0}",
@@ -170,7 +170,7 @@ def test_cli_diff_one_changed_field_per_line(tmp_path):
         'drafters: ["ngram", "eagle", "draft-model", "early-exit"] -> ["ngram", "draft-model"]',
         "k_max: 16 -> 6",
         "controller.prior_strength: 4.0 -> 2.0",
-        "controller.regimes: true -> false",
+        "controller.confidence: true -> false",
         "priors.eagle.acceptance_mean: 0.5 -> (unset)",
     ]
     assert "workloads.copy-heavy.k_max: (unset) -> 12" in result.output

@@ -1,19 +1,23 @@
 """The fast path of the controller: every step, (drafter, k) for every row from the estimates.
 
 Per request: a Beta per drafter and draft position, seeded from the pooled estimate of the
-request's workload (the per-workload prior). Shared by all requests of one engine: the
-cost models (draft seconds per token, the batch-1 verify line, the batch line) and the priors.
+request's workload (the per-workload prior). Per workload and drafter: the calibration of
+each drafted token's confidence into its chance of being kept (autospec/confidence.py).
+Shared by all requests of one engine: the cost models (draft seconds per token, the batch-1
+verify line, the batch line) and the priors.
 
-Each step, one decision for the step's B >= 1 rows (`decide`, docs/controller.md):
-look-ups first (a look-up drafter's proposal bounds its K; no match, not that drafter this
-step); each row's
-drafter by its posterior means at its share of the step (a switch to a drafter with a cache
-priced by its prefill); then every row's K together for the step's goodput (controller/batch.py).
-A decision is a function of the evidence: the same steps decide the same way. After each step: the chosen drafter's estimate and, counterfactually,
-every look-up drafter's: once the target has verified the tokens, what a look-up drafter
-(`Drafter.peekable`: n-gram, suffix, a registered one) proposed at decide costs microseconds
-to score, so its estimate learns even when it is not chosen. Drafters are known by what their
-classes declare (`peekable`, `cost_hint`), never by name.
+Each step, one decision for the step's B >= 1 rows (`decide`, docs/controller.md): look-ups
+first (a look-up drafter's proposal bounds its K, and its tokens' confidences price them; no
+match, not that drafter this step); each row's drafter by the chance of keeping each token it
+would draft, at its share of the step (a switch to a drafter with a cache priced by its
+prefill); then the step's tokens that pay, ranked by survival, every row's K together for the
+step's goodput (controller/batch.py); a model drafter that gives confidences stops each row
+where its own tokens stop paying (a StopRule). A decision is a function of the evidence: the
+same steps decide the same way. After each step: the chosen drafter's estimate and
+calibration and, counterfactually, every look-up drafter's: once the target has verified the
+tokens, what a look-up drafter (`Drafter.peekable`: n-gram, suffix, a registered one)
+proposed at decide costs microseconds to score, so it learns even when it is not chosen.
+Drafters are known by what their classes declare (`peekable`, `cost_hint`), never by name.
 No I/O here, ever: the slow path (daemon) hands new settings in from outside.
 """
 from __future__ import annotations
@@ -32,9 +36,6 @@ from autospec.controller.settings import ControllerSettings
 from autospec.drafters.base import drafter_class
 from autospec.telemetry import POOLED, UNLABELLED, StepRecord
 
-# drafts after a full accept before that (hot) estimate is used. Replayed: 4 cost 1.0 % of
-# tokens/s on held-out, beyond noise; 0 moved nothing (docs/controller.md)
-MIN_HOT_EVIDENCE = 1.0
 # rounds over which a drafter's start-up (its cache prefill) is spread: a drafter is expected to
 # serve a few rounds once switched to. A trace records no start-ups, so replay cannot judge
 # it: chosen, not measured
@@ -116,9 +117,8 @@ class AdaptiveController(Controller):
         if state is None:
             s = self.settings
             prior = self._prior(request.workload)
-            acceptance = {(d, hot): AcceptanceEstimate(s.k_max, prior[d].mean_list(),
-                                                       s.prior_strength)
-                          for d in self.drafters for hot in (False, True)}
+            acceptance = {d: AcceptanceEstimate(s.k_max, prior[d].mean_list(), s.prior_strength)
+                          for d in self.drafters}
             state = self._requests[request.request_id] = _RequestState(acceptance)
         return state
 
@@ -331,22 +331,11 @@ class AdaptiveController(Controller):
         return None if index == NO_DRAFTER else names[index]
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
-        """The estimate of the drafter's regime this step (hot: right after a fully accepted
-        draft, `regimes`) while that rests on MIN_HOT_EVIDENCE drafts; else the drafter's
-        estimate over all its steps."""
-        if self.settings.regimes and state.hot.get(drafter, False):
-            estimate = state.acceptance[drafter, True]
-            if estimate.first_observations() >= MIN_HOT_EVIDENCE:
-                return estimate
-        return state.acceptance[drafter, False]
+        """The drafter's acceptance per position in this request."""
+        return state.acceptance[drafter]
 
     def _observe(self, state: _RequestState, drafter: str, proposed: int, accepted: int) -> None:
-        """Every verified draft informs the all-steps estimate, and the hot one where it was
-        drafted right after a fully accepted draft."""
-        state.acceptance[drafter, False].update(proposed, accepted)
-        if self.settings.regimes and state.hot.get(drafter, False):
-            state.acceptance[drafter, True].update(proposed, accepted)
-        state.hot[drafter] = 0 < accepted == proposed
+        state.acceptance[drafter].update(proposed, accepted)
 
     def _draft_seconds(self, drafter: str, prices: Prices) -> float:
         """A drafted token's measured seconds; before any, the drafter's cost hint times a
@@ -426,16 +415,15 @@ class AdaptiveController(Controller):
             proposed = max(record.proposed, 1)
             self._observe(state, record.drafter, proposed, record.accepted)
             self._pool(request.workload, record.drafter, proposed, record.accepted)
-        if self.settings.counterfactual:
-            # the look-up drafters' proposals seen at decide, scored against what was verified
-            for drafter, (at, proposal, confidences) in state.looked.items():
-                if drafter != record.drafter and at == before and proposal:
-                    scored = _score(proposal, request.tokens[before:])
-                    if confidences:
-                        self._calibrate(state, request, drafter, confidences[:scored[0]],
-                                        scored[1])
-                    self._observe(state, drafter, *scored)
-                    self._pool(request.workload, drafter, *scored)
+        # the look-up drafters' proposals seen at decide, scored against what was verified:
+        # every verified token teaches the calibration, a look-up's that did not run included
+        for drafter, (at, proposal, confidences) in state.looked.items():
+            if drafter != record.drafter and at == before and proposal:
+                scored = _score(proposal, request.tokens[before:])
+                if confidences:
+                    self._calibrate(state, request, drafter, confidences[:scored[0]], scored[1])
+                self._observe(state, drafter, *scored)
+                self._pool(request.workload, drafter, *scored)
         state.looked.clear()
         if request.done:
             self.release(request)

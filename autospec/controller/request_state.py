@@ -11,17 +11,14 @@ from autospec.drafters.base import agreeing_prefix
 
 @dataclass
 class _RequestState:
-    """Per request: estimates per drafter. Acceptance is bursty — a model copying
-    its prompt, or looping, accepts whole drafts many steps in a row, then stops — so besides
-    the estimate over all of a drafter's steps (hot = False) there is one over the steps that
-    follow a fully accepted draft (hot = True), used right after one. A run of full accepts
-    drives K up the way transformers' +2/-1 heuristic does, with K still chosen by expected
-    tokens per second; where acceptance is not bursty both converge to the same rates."""
-    acceptance: dict[tuple[str, bool], AcceptanceEstimate]  # (drafter, hot) -> estimate
-    hot: dict[str, bool] = field(default_factory=dict)  # drafter -> last draft fully accepted
+    """Per request: acceptance per position per drafter (`regimes`, a second estimate for the
+    steps right after a fully accepted draft, went once each token's confidence priced it:
+    with it on or off replay moved less than the noise, docs/controller.md)."""
+    acceptance: dict[str, AcceptanceEstimate]  # drafter -> estimate
     used: set = field(default_factory=set)  # drafters that have run in this request
-    looked: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # look-up drafter ->
-    # (context length, its proposal) at decide, scored counterfactually when another ran
+    # look-up drafter -> (context length, its proposal, its confidences) at decide: the step
+    # drafts it, or it is scored counterfactually when another drafter ran
+    looked: dict[str, tuple[int, list[int], list[float] | None]] = field(default_factory=dict)
 
 
 def _score(proposal: list[int], verified: list[int]) -> tuple[int, int]:

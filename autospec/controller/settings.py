@@ -31,22 +31,16 @@ class ControllerSettings:
     k_max: int = knob(16, "largest K (draft length) the controller considers", "int",
                       low=1, high=K_LIMIT, section="")
     # > 0: with none, a drafter no request has drafted yet has Beta(0, 0), no distribution.
-    # 4: with 0.1 instead, replay lost 2.6-4.6 % of tokens/s at batch 1 on reference, mixed and
-    # the drifting trace, beyond noise (docs/controller.md)
+    # 4: with 0.1 instead, replay lost 2.1 % of tokens/s on mixed, beyond noise
+    # (docs/controller.md)
     prior_strength: float = knob(
         4.0, "pseudo-observations a workload's pooled estimate is worth per position", "float",
         low=0, low_open=True)
-    # switched off, replay lost 7-16 % of tokens/s on held-out (1 and 16 rows) and the drifting
-    # trace (16 rows), beyond noise
-    counterfactual: bool = knob(True, "score what the look-up drafters proposed when another "
-                                      "drafter ran", "bool")
+    # switched off, replay lost 1.7-4.9 % of tokens/s, beyond noise, on reference (batch 1),
+    # held-out and the drifting trace at 16 rows (docs/controller.md)
     confidence: bool = knob(True, "price each drafted token by its own calibrated confidence "
                                   "(off: by its drafter's mean acceptance at its position)",
                             "bool")
-    # switched off, replay lost 1.2-4.2 % of tokens/s, beyond noise, on every trace but the
-    # drifting one at batch 1
-    regimes: bool = knob(True, "keep separate estimates for the steps right after a fully "
-                               "accepted draft (acceptance is bursty)", "bool")
     # 64: the lock-in test recovers in ~110 steps; replay tokens/s on both shipped traces
     # unchanged (it never fires where the controller drafts)
     cost_stale_steps: int = knob(64, "forwards without a drafted one after which the verify "

@@ -29,8 +29,6 @@ from autospec.controller.settings import ControllerSettings
 # the value of each audited knob that switches its mechanism off
 NEUTRAL = {
     "prior_strength": 0.1,  # the pooled per-workload prior worth a tenth of an observation
-    "counterfactual": False,  # look-ups scored only when they ran
-    "regimes": False,  # one estimate whatever the last draft did
     "confidence": False,  # every token priced by its drafter's mean at its position
 }
 
@@ -64,7 +62,6 @@ def tokens_per_second(trace, settings: ControllerSettings, rows: int = 1,
 CONSTANTS = {
     ("autospec.controller.adaptive", "POOLED_PRIOR_STRENGTH"): (0.5, 8.0),
     ("autospec.controller.estimates", "POOL_STRENGTH"): (0.5, 32.0),
-    ("autospec.controller.adaptive", "MIN_HOT_EVIDENCE"): (0.0, 4.0),
     ("autospec.controller.batch", "MIN_BATCH_STEPS"): (1.0, 16.0),
     ("autospec.controller.batch", "UNMEASURED_PRIOR"): (0.01, 0.25),
     ("autospec.controller.batch", "STALE_JUMP_STEPS"): (2.0, 32.0),

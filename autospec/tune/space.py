@@ -6,7 +6,7 @@
     k_max: {low: 2, high: 16, grid: [4, 8, 16]}
     controller:
       prior_strength: {low: 0.5, high: 32, log: true}
-      regimes: {choices: [true, false]}
+      confidence: {choices: [true, false]}
     priors: {ngram: {low: 0.2, high: 0.95}}                 # acceptance_mean per drafter
 
 A field is a range (`low`, `high`, optional `log`, `step`), a list of `choices`, or a plain

@@ -134,7 +134,7 @@ def test_adaptive_falls_back_to_plain_with_a_useless_drafter(tiny_pair, clock):
     the decisions do not depend on how fast this machine runs the tiny pair."""
     from autospec.engine.loop import Engine
     engine = Engine(tiny_pair, drafter_options={"synthetic": {"alpha": 0.0}})
-    ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",), counterfactual=False))
+    ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",)))
     for i in range(6):
         out = engine.generate(f"x{i} = {i}\n", controller=ctl, max_new_tokens=40)
     late = out.telemetry.step_records[-20:]

@@ -205,7 +205,7 @@ def _costly_drafter_controller() -> AdaptiveController:
     """n-gram poorer but free, the draft model sure but costing 3 ms a token against a 10 ms
     step: at batch 1 the draft model pays (0.95 tokens for 3 ms of a 10 ms step)."""
     controller = AdaptiveController(ControllerSettings(
-        drafters=("ngram", "draft-model"), counterfactual=False,
+        drafters=("ngram", "draft-model"),
         prior_means={"ngram": 0.5, "draft-model": 0.95}))
     controller.costs.observe_verify(1, 0.010)
     controller.costs.observe_verify(5, 0.011)
@@ -241,7 +241,7 @@ def test_a_row_whose_drafter_the_batch_will_not_pay_for_drafts_with_ngram():
     """Each row's choice (at its share of the step) is the draft model; the step's goodput gives
     it K = 0: the rows draft n-gram's proposal rather than going plain."""
     controller = AdaptiveController(ControllerSettings(
-        drafters=("ngram", "draft-model"), counterfactual=False,
+        drafters=("ngram", "draft-model"),
         prior_means={"ngram": 0.3, "draft-model": 0.05}))
     controller.costs.observe_verify(1, 0.010)
     controller.costs.observe_verify(5, 0.011)
@@ -258,7 +258,7 @@ def test_one_row_a_step_tries_a_model_drafter_nobody_has_run():
     one row of a batch, not by every row whose draw favours it: the batch waits for each
     row's prefill. Once one has run, the rows choose it on its measured costs."""
     controller = AdaptiveController(ControllerSettings(
-        drafters=("draft-model",), counterfactual=False,
+        drafters=("draft-model",), 
         prior_means={"draft-model": 0.95}))
     controller.costs.observe_verify(1, 0.010)
     controller.costs.observe_verify(5, 0.011)

@@ -108,7 +108,7 @@ def geometric_trace(alpha: float, c: float, n: int = 3000, seed: int = 0) -> Tra
 @pytest.mark.parametrize("c", [0.05, 0.2])
 def test_controller_finds_the_closed_form_optimum(alpha, c):
     trace = geometric_trace(alpha, c)
-    ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",), counterfactual=False))
+    ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",)))
     steps = replay(trace, ctl)[0].step_records
     best_k = int(np.argmax(speedup(np.full(8, alpha), c, np.array(trace.verify_seconds))))
     after_warmup = steps[50:]
@@ -118,7 +118,7 @@ def test_controller_finds_the_closed_form_optimum(alpha, c):
 
 def test_controller_picks_plain_for_a_useless_drafter():
     steps = replay(geometric_trace(0.0, 0.05), AdaptiveController(
-        ControllerSettings(drafters=("synthetic",), counterfactual=False)))[0].step_records
+        ControllerSettings(drafters=("synthetic",))))[0].step_records
     late = steps[50:]
     assert sum(s.k == 0 for s in late) / len(late) >= 0.9
 
@@ -127,7 +127,7 @@ def test_predictions_converge_to_measurements():
     """Predicted tokens per round and round seconds within 10 % of the replayed ones."""
     from autospec.controller.formulas import expected_tokens
     trace = geometric_trace(0.8, 0.1)
-    ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",), counterfactual=False))
+    ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",)))
     steps = replay(trace, ctl)[0].step_records[100:]
     k = max(set(s.k for s in steps), key=[s.k for s in steps].count)
     chosen = [s for s in steps if s.k == k]
@@ -244,36 +244,36 @@ def _replay_digests() -> dict[str, str]:
 
 
 PINNED_DIGESTS: dict[str, str] = {
-    'heldout.json adaptive': '439315a33b78d287',
-    'heldout.json adaptive:policies/default.yaml': '439315a33b78d287',
-    'heldout.json adaptive:policies/mixed.yaml': '0d9478adeb08b615',
+    'heldout.json adaptive': 'd7bb937f16c7a5b2',
+    'heldout.json adaptive:policies/default.yaml': 'd7bb937f16c7a5b2',
+    'heldout.json adaptive:policies/mixed.yaml': 'f96027e96a75c74e',
     'heldout.json ctl:ema': '209c133caf495c4c',
     'heldout.json ctl:fixed:ngram:3': '77663757065c52ec',
     'heldout.json ctl:hf-heuristic': '6ff922a7a35c2180',
     'heldout.json plain': '14b5231eecd24b66',
     'heldout.json static:ngram:4': '7433d2e083db39c8',
-    'heldout.json tuned': 'fb9ee738f074465d',
-    'heldout.json warm': 'b1a06b452b1cb06c',
-    'mixed.json adaptive': '85ef58589563e1f7',
-    'mixed.json adaptive:policies/default.yaml': '85ef58589563e1f7',
-    'mixed.json adaptive:policies/mixed.yaml': 'cf90b3e453957f2a',
+    'heldout.json tuned': '04fdea31ece3aae9',
+    'heldout.json warm': 'e2011e0e23bd16d8',
+    'mixed.json adaptive': '2606b3576f2ade5a',
+    'mixed.json adaptive:policies/default.yaml': '2606b3576f2ade5a',
+    'mixed.json adaptive:policies/mixed.yaml': '70b79c36cd071a58',
     'mixed.json ctl:ema': '04d70a1ae0ffc7ae',
     'mixed.json ctl:fixed:ngram:3': '087b2018e4f735a3',
     'mixed.json ctl:hf-heuristic': 'e414612228efcf5e',
     'mixed.json plain': '0c697110916a5d3f',
     'mixed.json static:ngram:4': '720984396261315b',
-    'mixed.json tuned': 'd26fc455048da948',
-    'mixed.json warm': 'd7ffd903942b814c',
-    'reference.json adaptive': '193686c2530258e8',
-    'reference.json adaptive:policies/default.yaml': '193686c2530258e8',
-    'reference.json adaptive:policies/mixed.yaml': '2eb68f888372b3c3',
+    'mixed.json tuned': '6443ded883c55758',
+    'mixed.json warm': '223cde010a366ec8',
+    'reference.json adaptive': '0ba998d887965d81',
+    'reference.json adaptive:policies/default.yaml': '0ba998d887965d81',
+    'reference.json adaptive:policies/mixed.yaml': '3937cc63c4f6ba10',
     'reference.json ctl:ema': 'a00ffbfdf8be5746',
     'reference.json ctl:fixed:ngram:3': '6c61f0b3ffc00233',
     'reference.json ctl:hf-heuristic': '3b19c4c998ae965e',
     'reference.json plain': 'e0807f303b20c56c',
     'reference.json static:ngram:4': '480d67b7c2608bb2',
-    'reference.json tuned': '521f498c8eef514f',
-    'reference.json warm': 'ddb0e598ccb9522a',
+    'reference.json tuned': '67f2ac7ee05d5a22',
+    'reference.json warm': '18f0f7d9e3fdf05a',
 }
 
 
@@ -314,7 +314,7 @@ def test_replay_under_load_emits_every_output_and_hindsight_is_the_ceiling():
     for name, controller in [("plain", StaticController(None, 0)),
                              *[(f"static:{k}", StaticController("synthetic", k)) for k in (1, 2, 4, 8)],
                              ("adaptive", AdaptiveController(ControllerSettings(
-                                 drafters=("synthetic",), counterfactual=False))),
+                                 drafters=("synthetic",)))),
                              ("hindsight", HindsightController(trace))]:
         records, elapsed = replay_batch(trace, controller, rows=4)
         assert [r.output_tokens for r in records] == [len(r.output) for r in trace.requests]

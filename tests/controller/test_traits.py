@@ -67,7 +67,7 @@ def test_a_registered_look_up_drafter_is_peeked_and_scored_like_ngram(third_part
 
     assert controller.decide(Step([row], peek)) == [PLAIN]  # the first step measures plain
     assert asked == [third_party]  # peeked all the same; draft-model never is
-    estimate = controller._requests["r"].acceptance[third_party, False]
+    estimate = controller._requests["r"].acceptance[third_party]
     before = estimate.observations().sum()
     # the plain step emitted 7: what repeat-last proposed at decide ([7] * 16) is right at
     # position 1, and the only verified position: scored as one proposed, one accepted

@@ -74,7 +74,7 @@ def env(tmp_path):
 def test_shipped_spaces_load_and_discretise():
     space = load_space(shipped_space("default"))
     names = {p.name for p in space.params}
-    assert {"drafters", "k_min", "k_max", "controller.prior_strength", "controller.regimes",
+    assert {"drafters", "k_min", "k_max", "controller.prior_strength", "controller.confidence",
             "priors.ngram"} <= names
     assert 100 <= space.grid_size() <= 1000
     assert max(space.clamp_k(8).grid()["k_max"]) <= 8
@@ -102,21 +102,21 @@ def test_bad_space_names_file_and_field(tmp_path, text, message):
 
 
 def test_a_tunable_knob_reaches_policy_files_and_search_spaces(tmp_path):
-    """One field in ControllerSettings is the whole declaration: the hot/cold regime switch
-    (`regimes`) became tunable by its Knob alone, and both formats accept it."""
+    """One field in ControllerSettings is the whole declaration: the per-token pricing switch
+    (`confidence`) became tunable by its Knob alone, and both formats accept it."""
     from autospec.policy import parse_policy
     from autospec.tune.space import searchable
-    assert "controller.regimes" in searchable()
-    policy = parse_policy("schema_version: 1\ncontroller: {regimes: false}\n")
-    assert policy.to_settings().regimes is False
-    assert "regimes: false" in policy.to_yaml()
+    assert "controller.confidence" in searchable()
+    policy = parse_policy("schema_version: 1\ncontroller: {confidence: false}\n")
+    assert policy.to_settings().confidence is False
+    assert "confidence: false" in policy.to_yaml()
     path = tmp_path / "space.yaml"
-    path.write_text("schema_version: 1\ncontroller: {regimes: {choices: [true, false]}}\n")
+    path.write_text("schema_version: 1\ncontroller: {confidence: {choices: [true, false]}}\n")
     (param,) = load_space(path).params
-    assert (param.name, param.kind, param.choices) == ("controller.regimes", "bool", (True, False))
-    assert parameters_for({"controller.regimes": False}).regimes is False
-    path.write_text("schema_version: 1\ncontroller: {regimes: {choices: [1]}}\n")
-    with pytest.raises(SpaceError, match=r"controller.regimes.choices\[0\]: expected true or false"):
+    assert (param.name, param.kind, param.choices) == ("controller.confidence", "bool", (True, False))
+    assert parameters_for({"controller.confidence": False}).confidence is False
+    path.write_text("schema_version: 1\ncontroller: {confidence: {choices: [1]}}\n")
+    with pytest.raises(SpaceError, match=r"controller.confidence.choices\[0\]: expected true or false"):
         load_space(path)
 
 
