@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-BINS = 20  # equal-width bins over [0, 1]: 0.05 wide
+# equal-width bins over [0, 1]: 0.05 wide. Replayed at 10 and 40 (`autospec replay TRACE
+# --knobs`, docs/controller.md): no effect beyond noise on any trace, so any of these serves
+BINS = 20
 # what the per-position mean is worth inside a bin, in verified tokens: the bin's own rate
-# dominates after a few dozen tokens. Replay (`autospec replay --knobs`, docs/controller.md)
-# judges the calibration as a whole, on or off
+# dominates after a few dozen tokens. Replayed at 1 and 16: no effect beyond noise
 CALIBRATION_STRENGTH = 4.0
 
 

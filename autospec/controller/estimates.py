@@ -31,8 +31,8 @@ SIZE_PRIOR = 4.0
 # effect beyond noise on any trace, so any small value serves
 POOLED_PRIOR_STRENGTH = 2.0
 # what the positions' pooled rate is worth as each position's prior, in observations.
-# Replayed: 0.5 cost 2.2-2.3 % of tokens/s (mixed; the drifting trace at 16 rows) and 32 cost
-# 1.1 % (reference), each beyond noise (docs/controller.md)
+# Replayed (confidence on): 0.5 cost 2.3 % of tokens/s on held-out, beyond noise; 32 moved
+# nothing beyond noise (docs/controller.md)
 POOL_STRENGTH = 8.0
 
 
