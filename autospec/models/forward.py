@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import operator
 import weakref
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from autospec.models.attention import ROWS_ATTENTION, Packing, one_row_attention, rows_attention
+from autospec.models.compiled import one_row_graph
 from autospec.models.plan import ForwardBatch
 from autospec.models.shared_draft import SubsetHead
 from autospec.models.weights import GROUP, blocks_of, stack_blocks
@@ -226,6 +228,9 @@ class _Plan:
         self.eps = model.config.rms_norm_eps
         self._track(members)
         self.depth, self.layer_list = len(layers), layers
+        # the decoder loop of one row compiled (models/compiled.py), where it computes it
+        self.graph = one_row_graph(self, "/".join(Path(model.config.name_or_path).parts[-2:])
+                                   or type(model).__name__)
 
     def _track(self, members: list) -> None:
         """Note what was read (`_read`'s `members`) and each weight's address and version."""
@@ -305,16 +310,13 @@ def llama_forward(model: nn.Module, batch: ForwardBatch, cache, output_hidden_st
     `batch`) — and, with output_hidden_states, the last hidden state (B, T, D) after the final
     norm — as transformers' LlamaForCausalLM forward returns them for the same arguments."""
     plan = _plan(model)
-    eps = plan.eps
-    x = plan.embed(batch.input_ids)
-    cos, sin = plan.rotary(x, batch.position_ids)
-    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D): broadcast over heads
-    # one row, one token (a plain step at batch 1): its mask hides nothing
-    one = batch.input_ids.shape == (1, 1)
-    for index, layer in enumerate(plan.layers):
-        x = _decoder_layer(layer, x, cos, sin, cache.layers[index], batch.mask, batch.packing,
-                           one, eps)
-    hidden = _norm(x, plan.norm, eps)
+    x, graph = None, plan.graph
+    # one row of a plain step's or a verify's width (batch 1): the compiled decoder loop
+    if (batch.window is not None and graph is not None and graph.takes(batch.input_ids.shape[-1])
+            and not torch.is_grad_enabled()):
+        slot, start, _ = batch.window
+        x = graph(plan.embed(batch.input_ids), start, cache.layers, slot)
+    hidden = _layers(plan, batch, cache) if x is None else _norm(x, plan.norm, plan.eps)
     keep = batch.logits_to_keep
     if isinstance(keep, int) and keep:
         scored = hidden[:, -keep:]
@@ -326,6 +328,20 @@ def llama_forward(model: nn.Module, batch: ForwardBatch, cache, output_hidden_st
     if plan.subset is not None:
         logits = plan.subset.widen(logits)
     return (logits, hidden) if output_hidden_states else logits
+
+
+def _layers(plan: _Plan, batch: ForwardBatch, cache) -> torch.Tensor:
+    """The decoder layers and the final norm, op by op: the last hidden state (B, T, D)."""
+    eps = plan.eps
+    x = plan.embed(batch.input_ids)
+    cos, sin = plan.rotary(x, batch.position_ids)
+    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D): broadcast over heads
+    # one row, one token (a plain step at batch 1): its mask hides nothing
+    one = batch.input_ids.shape == (1, 1)
+    for index, layer in enumerate(plan.layers):
+        x = _decoder_layer(layer, x, cos, sin, cache.layers[index], batch.mask, batch.packing,
+                           one, eps)
+    return _norm(x, plan.norm, eps)
 
 
 def _decoder_layer(layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
