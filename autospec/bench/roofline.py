@@ -11,13 +11,23 @@ with both peaks measured on this machine (engine/bandwidth.py: a 256 MiB copy, a
 float32 product). `autospec bench` reports, for each forward shape its runs measured, the
 median measured seconds against that bound and bound / measured: 1.0 would be a forward at
 the machine's limit, memory- or compute-bound as `limit` says.
+
+`step_profile` (bench --profile) says where a one-token forward's time goes: the forward timed
+at one context, then its own products (each called alone, as the forward calls it: the int4
+kernel, oneDNN, F.linear) and its attention (each layer's, over that context) timed apart; what
+is left is everything else (norms, rotary, cache writes, the calls between them). Beside it,
+the weights' bytes at the copy peak: the share of the forward that is reading them, the floor
+a step at this machine's limit would reach; and a verify's forward of 3 and 5 tokens over
+a one-token forward's.
 """
 from __future__ import annotations
 
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 
+import torch
 from torch import nn
 
 from autospec.models.pair import kv_bytes_per_token, kv_shape, weight_bytes
@@ -78,3 +88,88 @@ def format_roofline(rows: list[dict], label: str = "") -> str:
                       for r in rows if r["of_bound"] is not None)
     return f"roofline{label} (rows x widest: measured forward / bound, bound / measured): {cells}" \
         if cells else ""
+
+
+PROFILE_ROUNDS = 7  # medians of this many rounds of PROFILE_CALLS each
+PROFILE_CALLS = 10
+
+
+def _seconds(call, rounds: int = PROFILE_ROUNDS, calls: int = PROFILE_CALLS) -> float:
+    """Median over rounds of one call's mean seconds (after a round of warm-up)."""
+    for _ in range(calls):
+        call()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def step_profile(engine, prompt_ids: list[int], copy_gbs: float) -> dict | None:
+    """Where a one-token forward of the engine's target goes, at the context of `prompt_ids`
+    (module docstring): seconds of the forward, its products (layers', head's), its attention,
+    the rest; the weights' bytes and their seconds at `copy_gbs`; verify / one-token forward
+    for 3 and 5 tokens. None for a target whose forward is transformers' (no products to
+    time apart)."""
+    from autospec.models.attention import one_row_attention
+    from autospec.models.forward import ran_compiled, step_products
+    from autospec.models.weights import format_of, stored_bytes
+    model = engine.models.target
+    products = step_products(model)
+    if not products:
+        return None
+    request = engine.start(prompt_ids, max_new_tokens=8)
+    cache, slot = engine.cache, request.slot
+    context = cache.lengths[slot]
+    try:
+        def forward(width: int):
+            cache.lengths[slot] = context
+            cache.forward(model, engine.kwarg, [slot], [prompt_ids[-width:]],
+                          engine.models.max_positions, scored=[width])
+        widths = {w: _seconds(lambda w=w: forward(w)) for w in (1, 3, 5)}
+    finally:
+        cache.lengths[slot] = context
+        engine.abandon(request)
+    dtype = next(model.parameters()).dtype if format_of(model) == "float32" else torch.bfloat16
+    spent = {"layers": 0.0, "head": 0.0}
+    for part, product, width in products:
+        x = torch.randn(1, width).to(dtype)
+        spent[part] += _seconds(lambda: product(x), rounds=3)
+    layers, kv_heads, head_dim = kv_shape(model)
+    heads = model.config.num_attention_heads
+    query = torch.randn(1, heads, 1, head_dim).to(dtype)
+    kv = torch.randn(1, kv_heads, context + 1, head_dim).to(dtype)
+    attention = layers * _seconds(lambda: one_row_attention(query, kv, kv, None, head_dim ** -0.5),
+                                  rounds=3)
+    step = widths[1]
+    weights = stored_bytes(model)
+    return {"format": format_of(model), "context": context, "threads": torch.get_num_threads(),
+            "forward_s": step, "layers_s": spent["layers"], "head_s": spent["head"],
+            "attention_s": attention, "rest_s": step - spent["layers"] - spent["head"] - attention,
+            "weight_bytes": weights, "copy_gbs": copy_gbs, "weights_s": weights / (copy_gbs * 1e9),
+            "verify_3": widths[3] / step, "verify_5": widths[5] / step,
+            "compiled": ran_compiled(model)}
+
+
+def format_step_profile(profile: dict | None, label: str = "") -> str:
+    """The step profile's lines (`step_profile`)."""
+    if profile is None:
+        return f"step profile{label}: none (the target runs transformers' own forward)"
+    step = profile["forward_s"]
+    def ms(seconds: float) -> str:
+        return f"{1e3 * seconds:.1f} ms, {seconds / step:.0%}"
+    how = "compiled" if profile["compiled"] else "eager"
+    return "\n".join([
+        f"one-token forward{label} ({profile['format']}, {how}, {profile['threads']} threads, "
+        f"context {profile['context']}): {1e3 * step:.1f} ms",
+        f"  products {ms(profile['layers_s'] + profile['head_s'])} (layers "
+        f"{1e3 * profile['layers_s']:.1f}, head {1e3 * profile['head_s']:.1f} ms); attention "
+        f"{ms(profile['attention_s'])}; the rest {ms(profile['rest_s'])} (norms, rotary, cache "
+        f"writes, the calls between them)",
+        f"  weight reads: {profile['weight_bytes'] / 1e6:.0f} MB at the copy peak "
+        f"({profile['copy_gbs']:.1f} GB/s) {ms(profile['weights_s'])} of the forward",
+        f"  a verify's forward over one token's: 3 tokens {profile['verify_3']:.2f}, "
+        f"5 tokens {profile['verify_5']:.2f}"])

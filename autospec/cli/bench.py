@@ -88,9 +88,14 @@ def _parsed(module: str, parse: str):
                    f"keyed METHOD@FORMAT, each compared with plain at its own format "
                    f"(docs/weights.md).")
 @drafter_options_option
+@click.option("--profile", is_flag=True,
+              help="Also say where the target's one-token forward goes, at the first prompt's "
+                   "context: its products, attention and the rest, timed apart; the share that "
+                   "is weight reads at the copy peak; a verify's forward of 3 and 5 tokens over "
+                   "one token's (the JSON's step_profile).")
 def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, limit, json_path,
           record_path, record_k_max, concurrency, plot_path, schedule, rows, engine_name, k_limit,
-          prefill_chunk, pair, target, draft, weights, drafter_options):
+          prefill_chunk, pair, target, draft, weights, drafter_options, profile):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
     from autospec.bench.harness import load_prompts, run_bench
     from autospec.bench.table import format_table
@@ -162,6 +167,14 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     if schedule:
         from autospec.bench.arrivals import format_arrivals_table
         click.echo("\n" + format_arrivals_table(report["arrivals"]))
+    if profile:
+        from autospec.bench.harness import prompt_ids
+        from autospec.bench.roofline import format_step_profile, peaks, step_profile
+        report["step_profile"] = {}
+        for w, e in engines.items():
+            found = report["step_profile"][w] = step_profile(
+                e, prompt_ids(e, prompts[0]), peaks(e.models.target)[0])
+            click.echo("\n" + format_step_profile(found, f" of {e.models.key}'s target"))
     measured = report["measured"]
     click.echo(f"\nv(K) = {json.dumps({k: round(v, 3) for k, v in measured['v'].items()})}")
     click.echo(f"c    = {json.dumps({k: round(v, 3) for k, v in measured['c'].items()})}")

@@ -330,6 +330,24 @@ def llama_forward(model: nn.Module, batch: ForwardBatch, cache, output_hidden_st
     return (logits, hidden) if output_hidden_states else logits
 
 
+def step_products(model: nn.Module) -> list[tuple[str, "_Product", int]]:
+    """The products a one-token forward of `model` runs, as it runs them: ("layers" or "head",
+    the product, its input width) — for bench's step profile (bench/roofline.py); [] for a
+    model this forward does not compute."""
+    if not fits(model):
+        return []
+    plan = _plan(model)
+    out = [("layers", product, product.modules[0].in_features) for layer in plan.layers
+           for product in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    return out + [("head", plan.head, plan.head.modules[0].in_features)]
+
+
+def ran_compiled(model: nn.Module) -> bool:
+    """Whether `model`'s one-row forwards have run compiled (models/compiled.py)."""
+    graph = _plan(model).graph if fits(model) else None
+    return bool(graph is not None and graph.runners)
+
+
 def _layers(plan: _Plan, batch: ForwardBatch, cache) -> torch.Tensor:
     """The decoder layers and the final norm, op by op: the last hidden state (B, T, D)."""
     eps = plan.eps

@@ -2,7 +2,8 @@
 bound from the two peaks, and the report's grouping of measured steps by shape."""
 import pytest
 
-from autospec.bench.roofline import forward_bound, roofline
+from autospec.bench.roofline import (format_step_profile, forward_bound, roofline,
+                                     step_profile)
 from autospec.models.pair import kv_bytes_per_token, weight_bytes
 from autospec.telemetry import StepRecord
 from conftest import random_llama
@@ -37,3 +38,32 @@ def test_steps_are_grouped_by_shape_with_their_median():
     assert plain["measured_s"] == 0.020 and plain["context"] == 50
     assert plain["of_bound"] == pytest.approx(
         forward_bound(model, 1, 1, 50, 10.0, 100.0)["bound_s"] / 0.020)
+
+
+def test_the_step_profile_splits_a_one_token_forward(tiny_engine):
+    ids = tiny_engine.encode("def add(a, b):\n    return a + b\n")
+    free = list(tiny_engine.cache.free)
+    profile = step_profile(tiny_engine, ids, copy_gbs=10.0)
+    assert tiny_engine.cache.free == free  # its row given back
+    assert profile["context"] == len(ids) - 1 and not profile["compiled"]  # eager under pytest
+    parts = profile["layers_s"] + profile["head_s"] + profile["attention_s"] + profile["rest_s"]
+    assert parts == pytest.approx(profile["forward_s"])
+    assert profile["layers_s"] > 0 and profile["head_s"] > 0 and profile["attention_s"] > 0
+    assert profile["weights_s"] == pytest.approx(profile["weight_bytes"] / 10e9)
+    assert profile["verify_3"] > 0 and profile["verify_5"] > 0
+    lines = format_step_profile(profile, " of tiny").splitlines()
+    assert lines[0].startswith("one-token forward of tiny (float32, eager, ")
+    assert "products" in lines[1] and "attention" in lines[1] and "the rest" in lines[1]
+    assert "at the copy peak (10.0 GB/s)" in lines[2]
+
+
+def test_bench_profile_prints_and_keeps_the_step_profile(tiny_dir, tmp_path):
+    import json
+    from clirun import invoke
+    out = tmp_path / "bench.json"
+    result = invoke(["bench", "--limit", "1", "--max-new-tokens", "4", "--methods", "plain",
+                     "--profile", "--json", out, "--target", tiny_dir / "target"])
+    assert result.exit_code == 0, result.output
+    assert "one-token forward of " in result.output and "weight reads: " in result.output
+    profile = json.loads(out.read_text())["step_profile"]["float32"]
+    assert profile["forward_s"] > 0 and profile["format"] == "float32"
