@@ -21,9 +21,8 @@ torch.compile 20.3, this 15.8-17 ms).
 Shapes. The row's cache (1, kv_heads, capacity, head_dim) and the start (a 0-d tensor) are
 dynamic, so one library serves every context and capacity. One library per width bucket
 (`bucket`): one token (a plain step, no mask), and a verify's 2 .. MAX_WIDTH tokens — at int4
-only below forward.py's INT4_ROWS, where its int4 kernel runs (from there forward.py's oneDNN
-products over the blocks' values are faster than any this library calls). Other widths (a
-prompt, a long int4 verify) run eager.
+up to INT4_WIDEST, its products all by the int4 kernel (wider, forward.py's oneDNN over the
+blocks' values is faster). Other widths (a prompt, a long int4 verify) run eager.
 
 The first start compiles each bucket when first met (a line on stderr each, ~10-25 s); a
 process that cannot (no C++ compiler, an op it cannot export) warns once, naming why, and runs
@@ -51,6 +50,11 @@ from autospec import paths
 log = logging.getLogger("autospec.compiled")
 
 MAX_WIDTH = 17  # a verify at the default k_max (16) + 1
+# at int4 the library's products are the int4 kernel, whose time grows with the rows; up to
+# this many tokens it still beats the eager forward's oneDNN over the blocks' values (SmolLM2,
+# 1 thread, busy machine, ms, compiled / eager: 5 tokens 28.4 / 42.5, 8 34.2 / 43.7, 12
+# 47.0 / 48.6, 17 64.5 / 53.7; one token 16.6 / 21.9)
+INT4_WIDEST = 8
 _SOURCE = Path(__file__).read_bytes()  # the code a library is compiled from: part of its name
 
 
@@ -65,11 +69,10 @@ def enabled() -> bool:
 
 def bucket(width: int, int4: bool) -> int | None:
     """The library a one-row forward of `width` tokens runs: 0 one token, 1 a verify; None
-    eager (wider than MAX_WIDTH, or at int4 from INT4_ROWS rows: forward.py's oneDNN)."""
-    from autospec.models.forward import INT4_ROWS
+    eager (wider than MAX_WIDTH, at int4 than INT4_WIDEST: forward.py's oneDNN)."""
     if width == 1:
         return 0
-    return 1 if width <= (INT4_ROWS - 1 if int4 else MAX_WIDTH) else None
+    return 1 if width <= (INT4_WIDEST if int4 else MAX_WIDTH) else None
 
 
 def one_row_graph(plan, name: str) -> "OneRowGraph | None":
@@ -146,8 +149,7 @@ class OneRowGraph:
         """Export one_row_layer for bucket `which` over scratch inputs and compile it into
         `path` (written aside and renamed: another process may be compiling it too)."""
         from torch.export import Dim
-        from autospec.models.forward import INT4_ROWS
-        widest = INT4_ROWS - 1 if self.int4 else MAX_WIDTH
+        widest = INT4_WIDEST if self.int4 else MAX_WIDTH
         print(f"compiling {self.name}'s one-row forward, "
               f"{'one token' if which == 0 else f'2-{widest} tokens'} (once; kept in "
               f"{path.parent}) ...", file=sys.stderr, flush=True)
@@ -284,7 +286,7 @@ def _shape(weight) -> tuple[int, int]:
 
 def _product(x: torch.Tensor, weight) -> torch.Tensor:
     """x (T, K) by one product's weight (_shape's forms): the int4 kernel where it has blocks
-    (`bucket` keeps such a library below INT4_ROWS rows), else its values by F.linear."""
+    (`bucket` keeps such a library to INT4_WIDEST rows), else its values by F.linear."""
     from autospec.models.weights import GROUP
     if len(weight) == 2:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight[0], GROUP, weight[1])
