@@ -116,7 +116,7 @@ def step_profile(engine, prompt_ids: list[int], copy_gbs: float) -> dict | None:
     time apart)."""
     from autospec.models.attention import one_row_attention
     from autospec.models.forward import ran_compiled, step_products
-    from autospec.models.weights import format_of, stored_bytes
+    from autospec.models.weights import format_of
     model = engine.models.target
     products = step_products(model)
     if not products:
@@ -145,7 +145,7 @@ def step_profile(engine, prompt_ids: list[int], copy_gbs: float) -> dict | None:
     attention = layers * _seconds(lambda: one_row_attention(query, kv, kv, None, head_dim ** -0.5),
                                   rounds=3)
     step = widths[1]
-    weights = stored_bytes(model)
+    weights = weight_bytes(model)  # as stored, an untied embedding's one row left out
     return {"format": format_of(model), "context": context, "threads": torch.get_num_threads(),
             "forward_s": step, "layers_s": spent["layers"], "head_s": spent["head"],
             "attention_s": attention, "rest_s": step - spent["layers"] - spent["head"] - attention,

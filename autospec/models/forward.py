@@ -38,7 +38,7 @@ from autospec.models.attention import ROWS_ATTENTION, Packing, one_row_attention
 from autospec.models.compiled import one_row_graph
 from autospec.models.plan import ForwardBatch
 from autospec.models.shared_draft import SubsetHead
-from autospec.models.weights import GROUP, blocks_of, stack_blocks
+from autospec.models.weights import GROUP, blocks_of, int8_of, stack_blocks
 
 
 def fits(model: nn.Module) -> bool:
@@ -87,6 +87,9 @@ class _Product:
         if torch.is_grad_enabled() and any(m.weight.requires_grad for m in modules):
             return torch.cat([F.linear(x, m.weight) for m in modules], -1)  # gradients reach each
         flat = x.reshape(-1, x.shape[-1])
+        if weights.int8 is not None and x.dtype == torch.bfloat16 and flat.shape[0] < INT8_ROWS:
+            out = torch._weight_int8pack_mm(flat.contiguous(), *weights.int8)
+            return out.view(*x.shape[:-1], out.shape[-1])
         if weights.int4 and x.dtype == torch.bfloat16 and flat.shape[0] < INT4_ROWS:
             values, scales = weights.int4_packed(modules)
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), values, GROUP, scales)
@@ -113,6 +116,8 @@ class _Weights:
         self.packs = PACKS and weight.dtype in PACKED_DTYPES and weight.device.type == "cpu"
         # int4 where every module carries blocks (models/weights.py): the kernel's forms
         self.int4 = all(blocks_of(m) is not None for m in modules) and weight.device.type == "cpu"
+        # an 8-bit head (models/weights.py): its values and row scales, for one row
+        self.int8 = int8_of(modules[0]) if len(modules) == 1 and weight.device.type == "cpu" else None
         self._plain: torch.Tensor | None = None
         self._packed: torch.Tensor | None = None
         self._int4: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -181,6 +186,10 @@ PACKS = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_lin
 # does not. SmolLM2's four products of a layer (us, int4 / bfloat16): 1 row 124 / 173, 4 rows
 # 218 / 233, 6 rows 364 / 209, 16 rows 724 / 381, 64 rows 2776 / 1167; quiet, 2 threads
 INT4_ROWS = 5
+# an 8-bit head (int4's) by torch's 8-bit kernel below this many rows, by oneDNN over its
+# values in bfloat16 from it: SmolLM2's head, 1 thread, ms (8-bit / oneDNN): 1 row 2.1 / 4.9,
+# 3 rows 3.9 / 4.7, 5 rows 6.7 / 3.8
+INT8_ROWS = 2
 # the weights oneDNN's prepacked products take: float32, and bfloat16 (--weights bfloat16,
 # and an int4 model's head): SmolLM2's 121 products at one row 13.8 ms against 28.6 in
 # float32 and 22.8 by F.linear in bfloat16, quiet machine, 2 threads

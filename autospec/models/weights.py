@@ -8,12 +8,13 @@ its speed. Three formats, the same for the target and every drafter of a pair:
   softmax accumulate in float32 (models/forward.py). 2 bytes a weight.
 - `int4`: the decoder layers' products read 4-bit values in blocks of 32 with a scale and an
   offset per block (`Int4Blocks`), computed by torch's int4 kernel with bfloat16 activations;
-  everything else (embedding, head, norms, cache) as in `bfloat16`. A GGUF pair's int4 is the
+  the head 8-bit values with a scale per row (`_head_int8`, torch's 8-bit kernel at one row);
+  everything else (embedding, norms, cache) as in `bfloat16`. A GGUF pair's int4 is the
   GGUF's own blocks (Q4_1 / Q4_0), kept beside the checkpoint at fetch (`BLOCKS_FILE`); any
   other model's layers are quantized at load by Q4_1's rule (per block: offset = min,
-  scale = (max - min) / 15). The head stays bfloat16: SmolLM2's GGUF ships it as 8-bit
-  (Q8_0), which 4 bits would coarsen, and torch's 8-bit kernel takes one scale per row, not
-  per block.
+  scale = (max - min) / 15). The head is not 4-bit: SmolLM2's GGUF ships it as 8-bit
+  (Q8_0, a scale per 32), which 4 bits would coarsen; torch's 8-bit kernel takes one scale
+  per row, which costs nothing measurable.
 
 The int4 kernel computes `(q - 8) * scale + zero` per block, with scale and zero in the
 activations' dtype: Q4_1's `d * q + m` is `scale = d, zero = m + 8 d`, Q4_0's `d * (q - 8)`
@@ -140,8 +141,28 @@ def apply(model: nn.Module, name: str, blocks: dict[str, Int4Blocks] | None = No
             module.__dict__["_autospec_int4"] = found
             with torch.no_grad():
                 module.weight.data = found.dequantize(torch.bfloat16)
+        head = getattr(model, "lm_head", None)
+        if quantizable(head) and int8_of(head) is None:
+            _head_int8(head)
     model.__dict__["_autospec_weights"] = name
     return model
+
+
+def _head_int8(head: nn.Linear) -> None:
+    """The head in 8 bits, one scale a row (torch's 8-bit kernel's form): its weight becomes
+    their values in bfloat16, its own tensor (a head tied to the embedding is untied: the
+    embedding keeps its values). SmolLM2's GGUF holds its head as Q8_0 (a scale per 32); a
+    scale per row costs its held-out log-likelihood 0.0013 against float32 (docs/weights.md)."""
+    weight = head.weight.detach().float()
+    scale = (weight.abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    values = torch.round(weight / scale[:, None]).clamp(-127, 127)
+    head.__dict__["_autospec_int8"] = (values.to(torch.int8).contiguous(), scale.to(torch.bfloat16))
+    head.weight = nn.Parameter((values * scale[:, None]).to(torch.bfloat16), requires_grad=False)
+
+
+def int8_of(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """An 8-bit head's (values (N, K) int8, scales (N,) bfloat16), or None."""
+    return module.__dict__.get("_autospec_int8") if module is not None else None
 
 
 def format_of(model: nn.Module) -> str:
@@ -150,13 +171,17 @@ def format_of(model: nn.Module) -> str:
 
 def stored_bytes(model: nn.Module) -> int:
     """Bytes of the model's weights as its format stores them (int4: half a byte a value plus
-    two 2-byte numbers a block), each tensor once: what a step that uses them all reads."""
+    two 2-byte numbers a block; its head a byte a value and a scale a row), each tensor once:
+    what a step of one row that uses them all reads."""
     total, seen = 0, set()
     for module in model.modules():
-        found = blocks_of(module)
+        found, head = blocks_of(module), int8_of(module)
         if found is not None:
             seen.add(module.weight.data_ptr())
             total += found.q.numel() // 2 + 2 * 2 * found.scale.numel()
+        elif head is not None:  # a step of one row reads the 8-bit values and a scale a row
+            seen.add(module.weight.data_ptr())
+            total += head[0].numel() + 2 * head[1].numel()
     for param in model.parameters():
         if param.data_ptr() not in seen:
             seen.add(param.data_ptr())

@@ -96,12 +96,30 @@ def test_int4_products_are_the_blocks_values_and_rows_do_not_interact():
 
 def test_int4_bytes_are_what_the_blocks_store_and_the_roofline_counts_them():
     """Each quantized weight: half a byte a value plus two bfloat16 numbers a block of 32,
-    against bfloat16's 2 bytes; the head and norms stay bfloat16."""
+    against bfloat16's 2 bytes; the head a byte a value plus a bfloat16 scale a row (untied
+    from the embedding, which a step reads a row of: not counted); the norms stay bfloat16."""
     bf16, i4 = load_pair(weights="bfloat16", with_draft=False), load_pair(weights="int4", with_draft=False)
     assert weights.format_of(i4.target) == "int4"
     quantized = sum(m.weight.numel() for m in i4.target.modules() if weights.blocks_of(m) is not None)
     assert quantized > 0.5 * sum(p.numel() for p in i4.target.parameters())
-    assert weight_bytes(bf16.target) - weight_bytes(i4.target) == quantized * (2 - 0.5 - 4 / 32)
+    values, scales = weights.int8_of(i4.target.lm_head)
+    assert values.dtype == torch.int8 and scales.shape == (values.shape[0],)
+    assert i4.target.lm_head.weight.data_ptr() != i4.target.model.embed_tokens.weight.data_ptr()
+    head = values.numel()
+    assert weight_bytes(bf16.target) - weight_bytes(i4.target) == (
+        quantized * (2 - 0.5 - 4 / 32) + head * (2 - 1) - 2 * scales.numel())
+
+
+def test_the_8_bit_head_runs_the_8_bit_kernel_for_one_row_its_values_for_more():
+    i4 = load_pair(weights="int4", with_draft=False).target
+    head = i4.lm_head
+    values, scales = weights.int8_of(head)
+    x = torch.randn(3, head.in_features).to(torch.bfloat16)
+    from autospec.models.forward import INT8_ROWS, step_products
+    (_, product, _), = [p for p in step_products(i4) if p[0] == "head"]
+    assert torch.equal(product(x[:1]), torch._weight_int8pack_mm(x[:1], values, scales))
+    assert INT8_ROWS <= 3  # more rows: oneDNN over the values in bfloat16, the same function
+    assert (product(x).float() - torch.nn.functional.linear(x, head.weight).float()).abs().max() < 0.1
 
 
 # --- lossless at each format ------------------------------------------------------------------
