@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from autospec.confidence import Calibration, StopRule
 from autospec.controller.batch import BatchCost, Prices, best_batch
 from autospec.controller.decide import NO_DRAFTER, choose_drafter
-from autospec.controller.estimates import (DEFAULT_PRIOR_MEAN, POOLED_PRIOR_STRENGTH,
-                                           AcceptanceEstimate, CostModel)
+from autospec.controller.estimates import AcceptanceEstimate, CostModel
 from autospec.controller.interface import Controller, Decision, Outcome, Step
 from autospec.controller.interface import PLAIN as PLAIN_DECISION
+from autospec.controller.learning import Learning, Snapshot
 from autospec.controller.request_state import _RequestState, _score
 from autospec.controller.settings import ControllerSettings
 from autospec.drafters.base import drafter_class
-from autospec.telemetry import POOLED, UNLABELLED, StepRecord
+from autospec.telemetry import UNLABELLED, StepRecord
 
 # rounds over which a drafter's start-up (its cache prefill) is spread: a drafter is expected to
 # serve a few rounds once switched to. A trace records no start-ups, so replay cannot judge
@@ -56,18 +56,30 @@ class AdaptiveController(Controller):
     def __post_init__(self):
         s = self.settings
         self._choose_drafters()
-        self.costs = CostModel(s.k_max, stale_after=s.cost_stale_steps)
-        self.priors: dict[str, dict[str, AcceptanceEstimate]] = {}
-        # per-step outcomes not yet folded into the pooled per-workload estimates: those are
-        # read only when a request starts (or a snapshot is taken), so they are updated then,
-        # in one vectorised pass, instead of on every step's path
-        self._pending: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+        # what outlives a request, by the daemon's own rule (controller/learning.py): per
+        # workload the pooled acceptance (a request's prior) and each drafter's confidence
+        # calibration; the step's costs
+        self.learning = Learning(s.k_max, s.prior_means, stale_after=s.cost_stale_steps)
         self._requests: dict[str, _RequestState] = {}
-        self.batch_cost = BatchCost()  # s(B, P) of a batched step (controller/batch.py)
-        # confidence -> P(accepted), per (workload, drafter): shared by the workload's requests
-        self.calibrations: dict[tuple[str, str], Calibration] = {}
         # model drafters seen to give confidences: those draft to a StopRule, not to K alone
         self._confident: set[str] = set()
+
+    @property
+    def costs(self) -> CostModel:
+        return self.learning.costs
+
+    @property
+    def batch_cost(self) -> BatchCost:
+        return self.learning.batch
+
+    @batch_cost.setter
+    def batch_cost(self, cost: BatchCost) -> None:
+        self.learning.batch = cost
+
+    @property
+    def priors(self) -> dict[str, dict[str, AcceptanceEstimate]]:
+        """workload -> drafter -> the pooled acceptance a request of that workload starts from."""
+        return self.learning.acceptance
 
     def _choose_drafters(self) -> None:
         self.drafters = tuple(d for d in self.settings.drafters
@@ -89,84 +101,39 @@ class AdaptiveController(Controller):
             self._choose_drafters()
 
     # -- state ---------------------------------------------------------------------------
-    def _prior(self, workload: str | None) -> dict[str, AcceptanceEstimate]:
-        key = workload or UNLABELLED
-        if key not in self.priors:
-            s = self.settings
-            self.priors[key] = {d: AcceptanceEstimate(s.k_max, s.prior_means.get(d, DEFAULT_PRIOR_MEAN),
-                                                      POOLED_PRIOR_STRENGTH)
-                                for d in self.drafters}
-        prior = self.priors[key]
-        for drafter in self.drafters:
-            pending = self._pending.pop((key, drafter), None)
-            if pending:
-                prior[drafter].update_many(*pending)
-        return prior
-
-    def _pool(self, workload: str | None, drafter: str, proposed: int, accepted: int) -> None:
-        """Queue one outcome for the pooled estimate of (workload, drafter); see _prior."""
-        key = workload or UNLABELLED
-        pending = self._pending.get((key, drafter))
-        if pending is None:
-            pending = self._pending[key, drafter] = ([], [])
-        pending[0].append(proposed)
-        pending[1].append(accepted)
-
     def _state(self, request) -> _RequestState:
         state = self._requests.get(request.request_id)
         if state is None:
-            s = self.settings
-            prior = self._prior(request.workload)
-            acceptance = {d: AcceptanceEstimate(s.k_max, prior[d].mean_list(), s.prior_strength)
+            s, key = self.settings, request.workload or UNLABELLED
+            acceptance = {d: AcceptanceEstimate(s.k_max, self.learning.estimate(key, d).mean_list(),
+                                                s.prior_strength)
                           for d in self.drafters}
             state = self._requests[request.request_id] = _RequestState(acceptance)
         return state
 
-    def warm_start(self, snapshot: dict, only_if_richer: bool = True) -> int:
+    def warm_start(self, snapshot: Snapshot | dict, only_if_richer: bool = True) -> int:
         """Take learned estimates from the slow path (a `Learner.snapshot()`, as GET /v1/params
-        serves it). A (workload, drafter) is replaced only where the snapshot holds more
-        evidence than this controller has gathered itself (`only_if_richer`), so a fresh
-        process starts from the fleet's knowledge and a busy one keeps its own. Costs seed the
-        cost model only before it has measured anything. Unlabelled requests start from the
-        estimate pooled over every workload (the Learner keeps none of their own). Each
-        (workload, drafter)'s confidence calibration likewise, where the snapshot's rests on
-        more verified tokens. Returns the acceptance estimates taken."""
-        taken = 0
-        for workload, per_drafter in (snapshot.get("acceptance") or {}).items():
-            prior = self._prior(UNLABELLED if workload == POOLED else workload)
-            for drafter, saved in per_drafter.items():
-                if drafter not in prior:
-                    continue
-                if only_if_richer and sum(saved["observations"]) <= prior[drafter].observations().sum():
-                    continue
-                prior[drafter].restore(saved["rates"], saved["observations"])
-                taken += 1
-        for workload, per_drafter in (snapshot.get("calibration") or {}).items():
-            key = UNLABELLED if workload == POOLED else workload
-            for drafter, saved in per_drafter.items():
-                if drafter not in self.drafters:
-                    continue
-                learnt = Calibration.from_state(saved)
-                own = self.calibrations.get((key, drafter))
-                if own is None or not only_if_richer or learnt.tokens() > own.tokens():
-                    self.calibrations[key, drafter] = learnt
-        if self.costs.observed == 0:
-            for drafter, seconds in (snapshot.get("draft_seconds_per_token") or {}).items():
-                self.costs.draft.setdefault(drafter, float(seconds))
-            if snapshot.get("verify_line"):
-                self.costs.seed(*snapshot["verify_line"])
-        if self.batch_cost.observed == 0 and snapshot.get("batch_cost"):
-            self.batch_cost.restore(snapshot["batch_cost"])  # a restarted server's batch cost
-        return taken
+        serves it: a Snapshot, or its JSON). A (workload, drafter)'s acceptance and
+        calibration are each replaced only where the snapshot holds more evidence than this
+        controller has gathered itself (`only_if_richer`), so a fresh process starts from the
+        fleet's knowledge and a busy one keeps its own. Costs seed the cost model only before
+        it has measured anything. Unlabelled requests start from the estimate pooled over
+        every workload (the Learner keeps none of their own). Returns the acceptance
+        estimates taken; a ValueError names a malformed field."""
+        if not isinstance(snapshot, Snapshot):
+            snapshot = Snapshot.from_dict(snapshot)
+        return self.learning.absorb(snapshot, only_if_richer, pooled_as=UNLABELLED,
+                                    drafters=self.drafters)
 
     def reliability(self) -> dict[str, dict[str, list[dict]]]:
         """{workload: {drafter: reliability table}}: per confidence bin, the tokens verified,
         the mean P(accepted) predicted for them before each was learnt from, and the rate
         observed (Calibration.reliability)."""
         out: dict[str, dict[str, list[dict]]] = {}
-        for (workload, drafter), calibration in sorted(self.calibrations.items()):
-            if calibration.tokens():
-                out.setdefault(workload, {})[drafter] = calibration.reliability()
+        for workload, per in sorted(self.learning.calibration.items()):
+            for drafter, calibration in sorted(per.items()):
+                if calibration.tokens():
+                    out.setdefault(workload, {})[drafter] = calibration.reliability()
         return out
 
     # -- the fast path -------------------------------------------------------------------
@@ -293,11 +260,7 @@ class AdaptiveController(Controller):
         return proposals
 
     def _calibration(self, workload: str | None, drafter: str) -> Calibration:
-        key = (workload or UNLABELLED, drafter)
-        calibration = self.calibrations.get(key)
-        if calibration is None:
-            calibration = self.calibrations[key] = Calibration()
-        return calibration
+        return self.learning.calibration_of(workload or UNLABELLED, drafter)
 
     def _alphas(self, state: _RequestState, request, drafter: str, draft) -> list[float]:
         """The chance of each token the row's `drafter` would draft being kept given the ones
@@ -369,71 +332,48 @@ class AdaptiveController(Controller):
         return best_batch(alphas, draft_s, prices, max_step)
 
     def observe(self, outcome: Outcome) -> None:
-        """The step's records of this controller's rows: the step's costs once, then each
-        row's estimates."""
+        """The step's records of this controller's rows, each folded by the one rule
+        (Learning.fold: the step's costs, the drafter's seconds, its workload's pooled
+        acceptance and calibration), then the row's own estimates."""
         records, requests = outcome.records, outcome.rows
         first = records[0]
-        if first.batch_size > 1:
-            if self.settings.step_cap:  # what its prices at this size read (_prices)
-                self.batch_cost.observe_step(first.batch_size, first.batch_tokens,
-                                             first.verify_seconds, first.batch_width)
-            # a batch's forward: every row reports it, each with 1 / rows of its weight
-            for record in records:
-                self.batch_cost.observe(record.batch_size, record.batch_tokens,
-                                        record.verify_seconds, 1.0 / record.batch_size,
-                                        record.batch_width)
-            if first.overhead_seconds is not None:
-                self.batch_cost.observe_overhead(first.overhead_seconds / first.batch_size)
-        else:
-            self.costs.observe_verify(first.verify_tokens, first.verify_seconds)
-            if first.overhead_seconds is not None:
-                self.costs.observe_overhead(first.overhead_seconds)
+        if first.batch_size > 1 and self.settings.step_cap:  # what its prices read (_prices)
+            self.batch_cost.observe_step(first.batch_size, first.batch_tokens,
+                                         first.verify_seconds, first.batch_width)
         for record, request in zip(records, requests):
             self._update(record, request)
 
     def _update(self, record: StepRecord, request) -> None:
         state = self._state(request)
         before = len(request.tokens) - record.emitted
-        if record.drafter in self.drafters and record.k > 0:
-            if record.drafter in state.used:
-                self.costs.observe_draft(record.drafter, record.draft_seconds, record.proposed)
-            else:
-                # a drafter's first step in a request also prefills its cache with the whole
-                # context: a one-off, kept out of the per-token cost and learnt on its own
-                self.costs.observe_prefill(record.drafter, record.draft_seconds,
-                                           record.proposed, record.context_tokens)
-            state.used.add(record.drafter)
-            confidences = record.confidences
-            if confidences is None:  # a look-up's, as decide saw it (the step drafted it)
-                at, _, seen = state.looked.get(record.drafter, (None, None, None))
+        key = request.workload or UNLABELLED
+        drafter = record.drafter
+        if drafter not in self.drafters or record.k <= 0:
+            self.learning.fold(record, (), False)  # its costs only
+        else:
+            confidences = None
+            if record.confidences is None:  # a look-up's, as decide saw it (the step drafted it)
+                at, _, seen = state.looked.get(drafter, (None, None, None))
                 confidences = seen[:record.proposed] if at == before and seen else None
-            elif record.drafter in self.costly:
-                self._confident.add(record.drafter)
-            if confidences:
-                self._calibrate(state, request, record.drafter, confidences, record.accepted)
-            # an empty proposal counts as a rejection at position 0: it bought nothing
-            proposed = max(record.proposed, 1)
-            self._observe(state, record.drafter, proposed, record.accepted)
-            self._pool(request.workload, record.drafter, proposed, record.accepted)
+            elif drafter in self.costly:
+                self._confident.add(drafter)
+            # the calibration predicts at this request's means (before it takes the step)
+            self.learning.fold(record, (key,), drafter not in state.used,
+                               self._estimate(state, drafter).mean_list(), confidences)
+            state.used.add(drafter)
+            self._observe(state, drafter, max(record.proposed, 1), record.accepted)
         # the look-up drafters' proposals seen at decide, scored against what was verified:
         # every verified token teaches the calibration, a look-up's that did not run included
-        for drafter, (at, proposal, confidences) in state.looked.items():
-            if drafter != record.drafter and at == before and proposal:
-                scored = _score(proposal, request.tokens[before:])
-                if confidences:
-                    self._calibrate(state, request, drafter, confidences[:scored[0]], scored[1])
-                self._observe(state, drafter, *scored)
-                self._pool(request.workload, drafter, *scored)
+        for name, (at, proposal, confidences) in state.looked.items():
+            if name != drafter and at == before and proposal:
+                proposed, accepted = _score(proposal, request.tokens[before:])
+                self.learning.learn(key, name, proposed, accepted,
+                                    confidences[:proposed] if confidences else None,
+                                    self._estimate(state, name).mean_list())
+                self._observe(state, name, proposed, accepted)
         state.looked.clear()
         if request.done:
             self.release(request)
-
-    def _calibrate(self, state: _RequestState, request, drafter: str, confidences: list[float],
-                   accepted: int) -> None:
-        """Verified tokens of `drafter` into its workload's calibration (before the estimates
-        take the step: its prediction there is out of sample)."""
-        self._calibration(request.workload, drafter).update(
-            confidences, accepted, self._estimate(state, drafter).mean_list())
 
     def release(self, request) -> None:
         self._requests.pop(request.request_id, None)

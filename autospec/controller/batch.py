@@ -248,10 +248,11 @@ class BatchCost:
         drafted = plain if drafted is None else drafted
         return plain or 0.0, drafted or 0.0
 
-    def observe_overhead(self, seconds: float) -> None:
-        """One batch step's seconds per row outside its forward and drafts (Engine.advance
-        measures them once per step: StepRecord.overhead_seconds / rows)."""
-        self._overhead.observe(max(0.0, seconds))
+    def observe_overhead(self, seconds: float, weight: float = 1.0) -> None:
+        """A batch step's seconds per row outside its forward and drafts (Engine.advance
+        measures them once per step: StepRecord.overhead_seconds / rows), each row's record
+        reporting it with 1 / rows of the step's weight."""
+        self._overhead.observe(max(0.0, seconds), weight)
 
     @property
     def row_overhead(self) -> float:

@@ -1,16 +1,16 @@
 """The daemon's slow path: what every request of every serving process taught, per workload.
 
 The daemon feeds each ingested RequestRecord's steps into a `Learner` (one per model pair and
-hardware): a slowly discounted acceptance estimate per (workload, drafter) — and per drafter
-pooled over workloads, under `telemetry.POOLED` — plus one cost model. These are what the store
-persists (as `autospec.store.Estimate` rows) and what a new serving process starts from
-(`AdaptiveController.warm_start`), so a restart does not begin from the uninformed prior.
+hardware): the controller's own `Learning` (controller/learning.py), folded step by step by
+the same rule — a slowly discounted acceptance estimate and confidence calibration per
+(workload, drafter), and per drafter pooled over workloads under `telemetry.POOLED`; the step's
+costs, its overhead and each drafter's seconds (a first step's prefill apart). These are what
+the store persists (as `autospec.store.Estimate` rows, and the batch cost's) and what a new
+serving process starts from (`AdaptiveController.warm_start`), so a restart does not begin
+from the uninformed prior.
 
-Only steps that ran a drafter inform its acceptance here: the counterfactual n-gram scoring
-stays in the serving process's fast path (it needs the tokens, which telemetry does not carry).
-The same steps' confidences (StepRecord.confidences) teach each (workload, drafter)'s
-calibration (autospec/confidence.py), by the controller's own update, so a new process starts
-with each token priced as the fleet has learnt to price it.
+Only steps that ran a drafter inform it here: the counterfactual look-up scoring stays in the
+serving process's fast path (it needs the tokens, which telemetry does not carry).
 
 A fleet (several daemons on one store) merges what each daemon persisted, `fleet_estimates`:
 acceptance evidence (accepted / rejected counts per position) adds up across daemons, so a
@@ -27,8 +27,8 @@ import numpy as np
 
 from autospec.confidence import Calibration
 from autospec.controller.batch import BatchCost
-from autospec.controller.estimates import (DEFAULT_PRIOR_MEAN, POOLED_PRIOR_STRENGTH,
-                                           AcceptanceEstimate, CostModel)
+from autospec.controller.estimates import AcceptanceEstimate, CostModel
+from autospec.controller.learning import Learning
 from autospec.store.queries import Estimate
 from autospec.telemetry import POOLED, RequestRecord
 
@@ -36,63 +36,41 @@ SLOW_DISCOUNT = 0.995  # per observed step: ~200 steps of memory per (workload, 
 
 
 class Learner:
+    """A daemon's learning for one model pair and hardware: `Learning`, the controller's own
+    (controller/learning.py), aged by SLOW_DISCOUNT, folded from whole requests, and its
+    store rows."""
+
     def __init__(self, k_max: int = 16, discount: float = SLOW_DISCOUNT):
         self.k_max = k_max
-        self.discount = discount
-        self.acceptance: dict[str, dict[str, AcceptanceEstimate]] = {}
-        self.calibration: dict[str, dict[str, Calibration]] = {}  # workload -> drafter ->
-        self.costs = CostModel(k_max)
-        self.batch = BatchCost()  # s(B, P) of batched steps (persisted as batch_costs)
+        self.learning = Learning(k_max, discount=discount)
         self.steps_seen = 0
 
-    def _estimate(self, workload: str, drafter: str) -> AcceptanceEstimate:
-        per_drafter = self.acceptance.setdefault(workload, {})
-        if drafter not in per_drafter:
-            per_drafter[drafter] = AcceptanceEstimate(self.k_max, DEFAULT_PRIOR_MEAN, POOLED_PRIOR_STRENGTH,
-                                                         self.discount)
-        return per_drafter[drafter]
+    @property
+    def acceptance(self) -> dict[str, dict[str, AcceptanceEstimate]]:
+        return self.learning.acceptance
 
-    def _calibration(self, workload: str, drafter: str) -> Calibration:
-        per_drafter = self.calibration.setdefault(workload, {})
-        if drafter not in per_drafter:
-            per_drafter[drafter] = Calibration()
-        return per_drafter[drafter]
+    @property
+    def calibration(self) -> dict[str, dict[str, Calibration]]:
+        return self.learning.calibration
+
+    @property
+    def costs(self) -> CostModel:
+        return self.learning.costs
+
+    @property
+    def batch(self) -> BatchCost:
+        return self.learning.batch
 
     def observe(self, record: RequestRecord) -> None:
-        """Fold one request's steps in (its workload's estimates and the pooled ones).
-        Vectorised per drafter: a busy daemon folds tens of thousands of steps a second."""
-        steps = record.step_records
-        if not steps:
-            return
-        # a batched step's verify seconds are the whole batch's forward: they fit the batch
-        # cost (each row reports the batch, with 1 / rows of its weight), not the single-row line
-        single = [s for s in steps if s.batch_size == 1]
-        for s in steps:
-            if s.batch_size > 1:
-                self.batch.observe(s.batch_size, s.batch_tokens, s.verify_seconds,
-                                   1 / s.batch_size, s.batch_width)
-        self.costs.observe_verify_many([s.verify_tokens for s in single],
-                                       [s.verify_seconds for s in single])
-        # an unlabelled request informs the pooled estimates only
-        workloads = {POOLED, record.workload} if record.workload else {POOLED}
-        by_drafter: dict[str, list] = {}
-        for step in steps:
-            if step.drafter != "none" and step.k > 0:
-                by_drafter.setdefault(step.drafter, []).append(step)
-        for drafter, ran in by_drafter.items():
-            # a drafter's first step in a request prefills its cache: a one-off, not per token
-            for step in ran[1:]:
-                self.costs.observe_draft(drafter, step.draft_seconds, step.proposed)
-            proposed = [max(s.proposed, 1) for s in ran]
-            accepted = [s.accepted for s in ran]
-            for workload in workloads:
-                estimate = self._estimate(workload, drafter)
-                calibration = self._calibration(workload, drafter)
-                for step in ran:  # before the estimate takes them, as the controller does
-                    if step.confidences:
-                        calibration.update(step.confidences, step.accepted, estimate.mean_list())
-                estimate.update_many(proposed, accepted)
-        self.steps_seen += len(steps)
+        """Fold one request's steps in, each by Learning.fold, into its workload's estimates
+        and the pooled ones (an unlabelled request: the pooled ones only)."""
+        workloads = (POOLED, record.workload) if record.workload else (POOLED,)
+        used: set[str] = set()
+        for step in record.step_records:
+            self.learning.fold(step, workloads, step.drafter not in used)
+            if step.k > 0:
+                used.add(step.drafter)
+        self.steps_seen += len(record.step_records)
 
     def estimates(self) -> list[Estimate]:
         """Everything learned, as store rows (cost fields repeated on each drafter's rows)."""
@@ -120,8 +98,8 @@ class Learner:
         line = None
         for workload, per_drafter in estimates.items():
             for drafter, saved in per_drafter.items():
-                self._estimate(workload, drafter).restore(saved.conditional_acceptance,
-                                                          saved.observations)
+                self.learning.estimate(workload, drafter).restore(saved.conditional_acceptance,
+                                                                  saved.observations)
                 if saved.calibration:
                     self.calibration.setdefault(workload, {})[drafter] = \
                         Calibration.from_state(saved.calibration)
@@ -134,19 +112,8 @@ class Learner:
         return self
 
     def snapshot(self) -> dict:
-        """JSON for GET /v1/params: {workload: {drafter: {...}}} and the verify line."""
-        line = self.costs.line()
-        return {
-            "acceptance": {w: {d: {"rates": [round(float(r), 6) for r in e.rates()],
-                                   "observations": [round(float(o), 4) for o in e.observations()]}
-                               for d, e in per.items()}
-                           for w, per in self.acceptance.items()},
-            "calibration": {w: {d: c.state() for d, c in per.items() if c.tokens()}
-                            for w, per in self.calibration.items()},
-            "draft_seconds_per_token": dict(self.costs.draft),
-            "verify_line": list(line) if line else None,
-            "batch_cost": self.batch.state() if self.batch.observed else None,
-        }
+        """JSON for GET /v1/params (Learning.snapshot's Snapshot.to_dict)."""
+        return self.learning.snapshot().to_dict()
 
 
 def fleet_estimates(members: Iterable[dict[str, dict[str, Estimate]]]) -> dict[str, dict[str, Estimate]]:

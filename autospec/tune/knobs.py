@@ -60,7 +60,7 @@ def tokens_per_second(trace, settings: ControllerSettings, rows: int = 1,
 # every estimator converges), SWITCH_HORIZON (a trace records no drafter's start-up), MIN_CHUNK
 # and RESIDUAL_STEPS (only with step_cap, and a replay joins prompts whole)
 CONSTANTS = {
-    ("autospec.controller.adaptive", "POOLED_PRIOR_STRENGTH"): (0.5, 8.0),
+    ("autospec.controller.learning", "POOLED_PRIOR_STRENGTH"): (0.5, 8.0),
     ("autospec.controller.estimates", "POOL_STRENGTH"): (0.5, 32.0),
     ("autospec.controller.batch", "MIN_BATCH_STEPS"): (1.0, 16.0),
     ("autospec.controller.batch", "UNMEASURED_PRIOR"): (0.01, 0.25),

@@ -146,8 +146,8 @@ def test_the_daemon_round_trips_the_calibration_and_hands_it_to_a_new_process():
     assert again.snapshot()["calibration"] == learner.snapshot()["calibration"]
     fresh = AdaptiveController(ControllerSettings(drafters=("ngram",)))
     fresh.warm_start(again.snapshot())
-    assert fresh.calibrations["copy", "ngram"].state() == learnt.state()
-    assert fresh.calibrations[UNLABELLED, "ngram"].tokens() == learnt.tokens()
+    assert fresh.learning.calibration["copy"]["ngram"].state() == learnt.state()
+    assert fresh.learning.calibration[UNLABELLED]["ngram"].tokens() == learnt.tokens()
     # a store row from before calibrations (None) restores with none learnt
     old = {w: {d: dataclasses.replace(e, calibration=None) for d, e in per.items()}
            for w, per in estimates.items()}

@@ -353,3 +353,19 @@ def test_a_drafter_that_proposes_nothing_costs_nothing_in_replay():
     assert all(s.proposed == 0 for s in steps) and sum(s.k == 4 for s in steps) > len(steps) / 2
     assert replay_batch(trace, StaticController("synthetic", 4), 4)[1] == pytest.approx(
         replay_batch(trace, StaticController(None, 0), 4)[1])
+
+
+def test_the_controller_and_the_daemon_learn_by_one_rule():
+    """The steps a controller folded, handed to a Learner that keeps evidence whole, leave it
+    with the controller's own pooled acceptance, costs and drafter seconds (Learning.fold,
+    controller/learning.py; the synthetic drafter: nothing counterfactual to add)."""
+    from autospec.daemon.learner import Learner
+    ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",)))
+    records = replay(geometric_trace(0.7, 0.1, n=400), ctl)
+    learner = Learner(k_max=ctl.settings.k_max, discount=1.0)
+    for r in records:
+        learner.observe(r)
+    ours, theirs = ctl.learning.estimate("synthetic", "synthetic"), learner.acceptance["synthetic"]["synthetic"]
+    assert theirs.mean() == pytest.approx(ours.mean())
+    assert learner.costs.verify_list() == pytest.approx(ctl.costs.verify_list())
+    assert learner.costs.draft == pytest.approx(ctl.costs.draft)
