@@ -106,6 +106,12 @@ class OneRowGraph:
         """Whether a one-row forward of `width` tokens runs compiled (`bucket`)."""
         return bucket(width, self.int4) is not None and not _FAILED
 
+    def prepare(self, dtype: torch.dtype) -> None:
+        """Every bucket's library loaded (compiled first where none is kept)."""
+        for which in (0, 1):
+            if which not in self.runners and not _FAILED:
+                self._load(which, dtype)
+
     def __call__(self, x: torch.Tensor, start: int, cache_layers, slot: int):
         """x (1, T, D), one row's T embedded tokens (T `takes`), through every decoder layer,
         their K and V written into `cache_layers` (a RowCache's layers) at slot `slot` from

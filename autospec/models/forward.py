@@ -351,6 +351,17 @@ def step_products(model: nn.Module) -> list[tuple[str, "_Product", int]]:
     return out + [("head", plan.head, plan.head.modules[0].in_features)]
 
 
+def prepare_compiled(*models: nn.Module | None) -> None:
+    """Load (or compile, the first time) the compiled one-row libraries of each model this
+    forward computes, now rather than in its first step (a draft model's first use would
+    otherwise compile inside a timed run). Nothing where compiling is off."""
+    for model in models:
+        if model is not None and fits(model):
+            graph = _plan(model).graph
+            if graph is not None:
+                graph.prepare(model.get_input_embeddings().weight.dtype)
+
+
 def ran_compiled(model: nn.Module) -> bool:
     """Whether `model`'s one-row forwards have run compiled (models/compiled.py)."""
     graph = _plan(model).graph if fits(model) else None

@@ -252,6 +252,8 @@ def load_pair(target: str | None = None, draft: str | None = None,
     eagle_model = (_load_shared(eagle, target_model, torch_dtype, "feature head", head=True)
                    if eagle else None)
     _to_format(weights, target, target_model, draft_model, exit_model, eagle_model)
+    from autospec.models.forward import prepare_compiled
+    prepare_compiled(target_model, draft_model, exit_model)  # before any step (models/compiled.py)
     return ModelPair(target_model, tokenizer, draft_model, target, draft, exit_model, eagle_model)
 
 
