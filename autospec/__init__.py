@@ -8,13 +8,14 @@
 Layers, each importing only those before it (tests/test_layout.py checks it, statically and
 by importing each layer with the ones above it blocked):
 
-    models <- drafters <- engine <- controller <- policy, daemon, serve, bench, tune <- cli
+    models <- drafters <- controller <- engine <- policy, daemon, serve, bench, tune <- cli
 
 models/ is the networks: loading a pair, KV-cache plumbing (kv.py) and logits to a sampling
 distribution (sampling.py), which drafters and the engine both use, so they live at the bottom.
 drafters/ holds the contract, the registry and `agreeing_prefix` (a draft against the target's
-tokens). One exception, lazy and named in the test: ModelPair.available_drafters asks the
-drafter registry. paths, telemetry, configcheck and kernels/ sit below them all.
+tokens). controller/ decides from what a host hands it and never calls one; the engine drives
+it. One exception, lazy and named in the test: ModelPair.available_drafters asks the drafter
+registry. paths, telemetry, confidence, configcheck and kernels/ sit below them all.
 """
 from __future__ import annotations
 
