@@ -142,14 +142,13 @@ def run_arrivals(engine: Engine, prompts: list[Prompt], methods: list[Method], s
             if len(job.prompt) + job.max_new_tokens <= engine.models.max_positions]
     batch = Engine(engine.models, engine.drafter_options, max_batch=rows,
                    max_len=max(fits) if fits else None, prefill_chunk=prefill_chunk)
-    available = engine.models.runnable_drafters()
     runs: dict[str, Sent] = {}
     for m in methods:
         warm = [Job(job.prompt, 4, job.sampling, seed) for job in jobs[:rows]]  # lazy init
         batch.run([j for j in warm if len(j.prompt) + 4 <= batch.max_positions],
-                  make_controller(m, available))
+                  make_controller(m))
         batch.drafter_options = fresh_history(engine.drafter_options, f"arrivals {m}")
-        runs[m.spec] = _open_loop(batch, jobs, [t for t, _ in sends], make_controller(m, available))
+        runs[m.spec] = _open_loop(batch, jobs, [t for t, _ in sends], make_controller(m))
         if progress:
             progress(f"arrivals {schedule.text}: {m.spec} {runs[m.spec].wall_s:.1f} s")
     return arrivals_report(runs, schedule, sends, rows, len(jobs), temperature == 0,

@@ -191,7 +191,7 @@ def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain",
     batched = Engine(engine.models, max_batch=clients, max_len=max(map(len, ids)) + max_tokens + 1)
 
     def engine_run() -> float:
-        controller = make_controller(parse_method(method), engine.models.runnable_drafters())
+        controller = make_controller(parse_method(method))
         # the same warm-up round the server gets below (its controller learns from it too)
         batched.run([Job(i, 8) for i in ids[:clients]], controller, max_batch=clients)
         t0 = time.perf_counter()

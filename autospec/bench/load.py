@@ -97,7 +97,6 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
     jobs = [Job(ids, n, SamplingParams(temperature), seed, p.category)
             for ids, n, p in zip(encoded, limits, prompts)]
     max_len = max(len(ids) + n for ids, n in zip(encoded, limits))
-    available = engine.models.runnable_drafters()
     categories = sorted({p.category for p in prompts})
     out = {}
     for level in levels:
@@ -107,7 +106,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
         for m in methods:  # warm-up: lazy init, allocator, the drafters' first calls
             warm = [Job(job.prompt, 4, job.sampling, seed) for job in jobs[:level]]
             if m.is_controller:
-                batch.run(warm, make_controller(m, available))
+                batch.run(warm, make_controller(m))
             else:
                 _run_generate(engine, warm, level)
         for r in range(repeats):
@@ -118,7 +117,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
                     # cross-request history (suffix) starts empty per level, method and repeat
                     batch.drafter_options = fresh_history(engine.drafter_options,
                                                           f"load {level} {m} #{r}")
-                    runs[m.spec].append(_run(batch, jobs, make_controller(m, available)))
+                    runs[m.spec].append(_run(batch, jobs, make_controller(m)))
                 if progress:
                     progress(f"concurrency {level}, repeat {r + 1}/{repeats}: {m.spec} "
                              f"{runs[m.spec][-1].wall_s:.1f} s")

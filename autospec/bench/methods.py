@@ -40,7 +40,7 @@ Runner = Callable[[list[int], int, float, int, str], RunResult]
 
 def make_runner(method: Method, engine: Engine) -> Runner:
     if method.is_controller:
-        return _ours(engine, make_controller(method, engine.models.runnable_drafters()))
+        return _ours(engine, make_controller(method))
     if method.kind == "llamacpp":
         from autospec.bench.llamacpp import llamacpp_runner
         return llamacpp_runner(method, engine)

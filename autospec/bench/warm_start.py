@@ -59,7 +59,7 @@ def warm_vs_cold(trace, window: int = 16, yesterday=None) -> dict:
     drafters = tuple(trace.draft_seconds_per_token)
 
     def controller() -> AdaptiveController:
-        return AdaptiveController(ControllerSettings(drafters=drafters), available=drafters)
+        return AdaptiveController(ControllerSettings(drafters=drafters))
 
     learner = Learner(k_max=max(trace.k_max, 1))
     yesterday = yesterday or trace

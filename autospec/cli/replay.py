@@ -94,7 +94,7 @@ def run_replay(trace, methods, drafters, rows: int = 1) -> dict:
                 if d not in trace.draft_seconds_per_token:
                     raise ValueError(f"controller '{method}' needs drafter '{d}', which the trace "
                                      f"did not record (recorded: {', '.join(drafters)})")
-            controller, spec = make_controller(method, drafters), method.spec
+            controller, spec = make_controller(method), method.spec
         by_cat = defaultdict(lambda: [0, 0.0, 0])
         if rows > 1:
             records, elapsed = replay_batch(trace, controller, rows)

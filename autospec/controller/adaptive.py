@@ -51,11 +51,10 @@ RESIDUAL_FLOOR = 0.5
 class AdaptiveController(Controller):
     """The Controller (controller/interface.py) every host runs by default."""
     settings: ControllerSettings = field(default_factory=ControllerSettings)
-    available: tuple[str, ...] | None = None  # drafters this host can run (e.g. no draft model)
 
     def __post_init__(self):
         s = self.settings
-        self._choose_drafters()
+        self._choose_drafters(s.drafters)
         # what outlives a request, by the daemon's own rule (controller/learning.py): per
         # workload the pooled acceptance (a request's prior) and each drafter's confidence
         # calibration; the step's costs
@@ -81,9 +80,8 @@ class AdaptiveController(Controller):
         """workload -> drafter -> the pooled acceptance a request of that workload starts from."""
         return self.learning.acceptance
 
-    def _choose_drafters(self) -> None:
-        self.drafters = tuple(d for d in self.settings.drafters
-                              if self.available is None or d in self.available)
+    def _choose_drafters(self, drafters: tuple[str, ...]) -> None:
+        self.drafters = drafters
         self.hints = {d: drafter_class(d).cost_hint for d in self.drafters}
         # look-up drafters: their proposal is seen before deciding (the host's peek), its
         # length is evidence, and it is scored counterfactually when another drafter ran
@@ -97,8 +95,7 @@ class AdaptiveController(Controller):
         driven by a second host keeps what it chose)."""
         bound = tuple(d for d in self.drafters if d in drafters)
         if bound != self.drafters and not self._requests:
-            self.available = bound
-            self._choose_drafters()
+            self._choose_drafters(bound)
 
     # -- state ---------------------------------------------------------------------------
     def _state(self, request) -> _RequestState:

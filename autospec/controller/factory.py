@@ -4,7 +4,6 @@ policy.py, which imports the controller)."""
 from __future__ import annotations
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.drafters.base import DEFAULT_DRAFTERS
 from autospec.controller.baselines import (DEFAULT_BATCH_TABLE, BatchTableController, EMAController,
                                            HFHeuristicController)
 from autospec.controller.interface import Controller, StaticController
@@ -13,17 +12,15 @@ NAMES = ("plain", "static:DRAFTER:K", "adaptive", "adaptive:POLICY.yaml", "ctl:f
          "ctl:hf-heuristic[:DRAFTER]", "ctl:ema[:DRAFTER]", "ctl:batch-table[:DRAFTER[:TABLE]]")
 
 
-def make_controller(method: "Method", available: tuple[str, ...] = DEFAULT_DRAFTERS,
-                    settings: ControllerSettings | None = None) -> Controller:
-    """A fresh controller for a Method. `available`: the drafters the engine can run, for the
-    adaptive controller; `settings` replace its defaults."""
+def make_controller(method: "Method", settings: ControllerSettings | None = None) -> Controller:
+    """A fresh controller for a Method (`settings` replace the adaptive controller's
+    defaults); the host that drives it binds it to the drafters it can run."""
     if method.kind == "plain":
         return StaticController(None, 0)
     if method.kind == "static" or (method.kind == "ctl" and method.baseline == "fixed"):
         return StaticController(method.drafter, method.k)
     if method.kind == "adaptive":
-        return AdaptiveController(method.settings or settings or ControllerSettings(),
-                                  available=available)
+        return AdaptiveController(method.settings or settings or ControllerSettings())
     if method.kind == "ctl" and method.baseline == "hf-heuristic":
         return HFHeuristicController(method.drafter)
     if method.kind == "ctl" and method.baseline == "ema":

@@ -116,7 +116,7 @@ class Server:
     def controller(self, workload: str | None) -> AdaptiveController:
         ctl = self.controllers.get(workload)
         if ctl is None:
-            ctl = AdaptiveController(settings_for(self.params, workload), available=self.available)
+            ctl = AdaptiveController(settings_for(self.params, workload))
             if self.params:
                 ctl.warm_start(self.params["estimates"])
             self.controllers[workload] = ctl

@@ -35,8 +35,8 @@ def policy_for(params: ControllerSettings, provenance: Provenance = Provenance()
     return Policy(SCHEMA_VERSION, params, MappingProxyType({}), MappingProxyType({}), provenance)
 
 
-def build_controller(params: ControllerSettings,
-                     available: tuple[str, ...] | None = None) -> AdaptiveController:
+def build_controller(params: ControllerSettings) -> AdaptiveController:
     """The controller for resolved policy parameters (Policy.resolve(workload)): the same one
-    `autospec serve` builds from the daemon's parameters."""
-    return AdaptiveController(params, available=available)
+    `autospec serve` builds from the daemon's parameters (its host binds it to the drafters
+    it can run)."""
+    return AdaptiveController(params)

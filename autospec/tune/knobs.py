@@ -47,8 +47,7 @@ def tokens_per_second(trace, settings: ControllerSettings, rows: int = 1,
     """Replayed tokens/s of the whole run: `rows` closed-loop clients over the trace's
     requests (or `requests`)."""
     from autospec.bench.trace import replay_batch
-    drafters = tuple(trace.draft_seconds_per_token)
-    records, seconds = replay_batch(trace, AdaptiveController(settings, available=drafters),
+    records, seconds = replay_batch(trace, AdaptiveController(settings),
                                     rows, requests)
     return sum(r.output_tokens for r in records) / seconds
 

@@ -57,8 +57,7 @@ class ReplayObjective:
     def run(self, params: ControllerSettings) -> Iterator[tuple[int, float]]:
         """Running (tokens, seconds) after each chunk of requests, over every trace in turn.
         One controller for all of them, as one engine would serve them."""
-        missing = [d for d in params.drafters if d not in self.available]
-        ctl = build_controller(params, tuple(d for d in params.drafters if d not in missing))
+        ctl = build_controller(params)
         tokens, seconds = 0, 0.0
         for _, trace in self.traces:
             requests = trace.requests
@@ -94,7 +93,7 @@ class LiveObjective:
                                  max_new_tokens=8)
 
     def run(self, params: ControllerSettings) -> Iterator[tuple[int, float]]:
-        ctl = build_controller(params, tuple(d for d in params.drafters if d in self.available))
+        ctl = build_controller(params)
         tokens, seconds = 0, 0.0
         for i in range(0, len(self.prompts), self.chunk):
             for p, ids in zip(self.prompts[i:i + self.chunk], self.ids[i:i + self.chunk]):

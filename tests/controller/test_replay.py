@@ -224,20 +224,19 @@ def _replay_digests() -> dict[str, str]:
     out = {}
     for path in SHIPPED_TRACES:
         trace = Trace.load(path)
-        drafters = tuple(trace.draft_seconds_per_token)
         for method in PINNED_METHODS:
             if method.startswith("adaptive:"):
                 method_path = f"adaptive:{REPO_ROOT / method.split(':', 1)[1]}"
             else:
                 method_path = method
             out[f"{path.name} {method}"] = _decisions_digest(
-                replay(trace, make_controller(parse_method(method_path), drafters)))
-        tuned = build_controller(parameters_for(TUNED_VALUES), drafters)
+                replay(trace, make_controller(parse_method(method_path))))
+        tuned = build_controller(parameters_for(TUNED_VALUES))
         out[f"{path.name} tuned"] = _decisions_digest(replay(trace, tuned))
         learner = Learner(k_max=trace.k_max)
-        for r in replay(trace, make_controller(parse_method("adaptive"), drafters)):
+        for r in replay(trace, make_controller(parse_method("adaptive"))):
             learner.observe(r)
-        warm = make_controller(parse_method("adaptive"), drafters)
+        warm = make_controller(parse_method("adaptive"))
         warm.warm_start(learner.snapshot())
         out[f"{path.name} warm"] = _decisions_digest(replay(trace, warm))
     return out

@@ -86,13 +86,14 @@ def test_the_controller_with_suffix_is_lossless(tiny_engine):
 
 
 def test_a_policy_listing_suffix_gets_it_in_bench_and_serve(reference_pair):
-    """The controller's `available` is every registered drafter the pair can run, not the
-    built-in default list: a policy that opts into suffix must be able to choose it."""
+    """The drafters a controller binds to are every registered drafter the pair can run, not
+    the built-in default list: a policy that opts into suffix must be able to choose it."""
     from autospec.controller.factory import make_controller
     from autospec.method import parse_method
     policy = REPO_ROOT / "policies" / "suffix.yaml"
-    controller = make_controller(parse_method(f"adaptive:{policy}"),
-                                 reference_pair.runnable_drafters())
+    controller = make_controller(parse_method(f"adaptive:{policy}"))
+    controller.bind(reference_pair.runnable_drafters())
     assert "suffix" in controller.drafters
-    assert "suffix" not in make_controller(parse_method("adaptive"),
-                                           reference_pair.runnable_drafters()).drafters
+    default = make_controller(parse_method("adaptive"))
+    default.bind(reference_pair.runnable_drafters())
+    assert "suffix" not in default.drafters

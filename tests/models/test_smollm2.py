@@ -10,6 +10,7 @@ import pytest
 from autospec.bench.harness import load_prompts, prompt_ids
 from autospec.engine.loop import Engine
 from autospec.controller.interface import StaticController
+from autospec.controller.settings import ControllerSettings
 from conftest import REPO_ROOT, assert_lossless
 
 CHAT = REPO_ROOT / "configs" / "workloads" / "chat.jsonl"
@@ -75,7 +76,7 @@ def test_every_method_is_identical_to_plain(engine, prompts):
             print(p.id, drafter, k)
             assert_lossless(engine.models, ids, plain.token_ids, out.token_ids)
         available = tuple(d for d, _ in methods)
-        out = engine.generate(ids, controller=AdaptiveController(available=available),
+        out = engine.generate(ids, controller=AdaptiveController(ControllerSettings(drafters=available)),
                               max_new_tokens=TOKENS)
         print(p.id, "adaptive")
         assert_lossless(engine.models, ids, plain.token_ids, out.token_ids)

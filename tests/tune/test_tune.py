@@ -123,19 +123,17 @@ def test_a_tunable_knob_reaches_policy_files_and_search_spaces(tmp_path):
 # -- the controller a trial describes --------------------------------------------------------
 def test_default_parameters_replay_like_the_adaptive_controller():
     trace = Trace.load(TRACE)
-    drafters = tuple(trace.draft_seconds_per_token)
-    ours = replay(trace, build_controller(ControllerSettings(k_max=8), drafters))
-    theirs = replay(trace, AdaptiveController(ControllerSettings(k_max=8), available=drafters))
+    ours = replay(trace, build_controller(ControllerSettings(k_max=8)))
+    theirs = replay(trace, AdaptiveController(ControllerSettings(k_max=8)))
     assert [s.k for r in ours for s in r.step_records] == [s.k for r in theirs for s in r.step_records]
 
 
 def test_k_min_and_priors_change_decisions():
     trace = Trace.load(TRACE)
-    drafters = tuple(trace.draft_seconds_per_token)
 
     def ks(values):
         params = parameters_for({"k_max": 8, "drafters": ("ngram",), **values})
-        records = replay(trace, build_controller(params, drafters))
+        records = replay(trace, build_controller(params))
         return [[(s.k, sum(x.emitted for x in r.step_records[:i]), r.output_tokens)
                  for i, s in enumerate(r.step_records)] for r in records]
 
@@ -188,9 +186,8 @@ def test_export_validates_differs_from_default_and_changes_replay(tmp_path, env,
     from autospec.engine.bandwidth import hardware_key
     assert prov.hardware == hardware_key() and prov.model_pair == Trace.load(TRACE).pair
     trace = Trace.load(TRACE)
-    drafters = tuple(trace.draft_seconds_per_token)
-    tuned = replay(trace, build_controller(policy.parameters, drafters))
-    base = replay(trace, AdaptiveController(default.to_settings(), available=drafters))
+    tuned = replay(trace, build_controller(policy.parameters))
+    base = replay(trace, AdaptiveController(default.to_settings()))
     rate = sum(r.output_tokens for r in tuned) / sum(r.wall_seconds for r in tuned)
     assert rate == pytest.approx(prov.objective_value, abs=1e-3)
     assert [s.k for r in tuned for s in r.step_records] != [s.k for r in base for s in r.step_records]
