@@ -23,6 +23,12 @@ step_batch, finish, abandon, runnable_drafters, clock, idle) over a Trace (bench
 What it keeps of its requests besides the step (a row each, their look-up drafters, finish,
 abandon, peek) is the engine's own: `Host` (engine/jobs.py); here only its rows, its clock
 and what a look-up costs.
+
+Replay itself (`replay`, `replay_batch`, `autospec replay --rows N`): N closed-loop clients
+over the trace's requests, every step charged the trace's prices (`trace_prices`: the
+recorded forwards at one row, the batch line s(B, P, W) of controller/batch.py past one); and
+a controller that knows the future (`HindsightController`): the ceiling of what any
+controller that learns from evidence can reach at those costs.
 """
 from __future__ import annotations
 
@@ -30,9 +36,12 @@ from typing import Sequence
 
 import torch
 
+from autospec.bench.trace import Trace, TraceRequest
+from autospec.controller.batch import Prices, batch_ks
+from autospec.controller.interface import Controller, Decision, RowController, Step
 from autospec.drafters.base import Draft
 from autospec.engine.jobs import Host
-from autospec.engine.request import Proposal, Request
+from autospec.engine.request import Job, Proposal, Request
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import StepRecord
 
@@ -46,7 +55,6 @@ class RecordedEngine(Host):
 
     def __init__(self, trace, max_batch: int = 1, requests=None,
                  drafter_options: dict[str, dict] | None = None):
-        from autospec.bench.trace import trace_prices
         super().__init__()
         self.trace, self.max_batch = trace, max_batch
         self.prices = {rows: trace_prices(trace, rows) for rows in range(1, max_batch + 1)}
@@ -158,3 +166,65 @@ def _proposal(recorded, drafter: str, k: int, at: int) -> int:
     the trace recorded a shorter proposal (a look-up drafter's short match, or none)."""
     lengths = (recorded.proposed or {}).get(drafter)
     return k if lengths is None else min(k, lengths[at])
+
+
+def trace_prices(trace: Trace, rows: int) -> Prices:
+    """The step's prices the trace's costs give at `rows` rows (the batch line past one)."""
+    if rows == 1:
+        v = trace.verify_seconds
+        return Prices(1, v[0], 0.0, v, v, v[0])
+    a, b, c, jump, width = _batch_line(trace)
+    return Prices(rows, a + (b + c) * rows, c, [], [], a + b + c, jump, width)
+
+
+def _batch_line(trace: Trace) -> list[float]:
+    if trace.batch_line is None:
+        raise ValueError("the trace has no batch line (recorded before batches were "
+                         "calibrated): record it again (autospec bench --record)")
+    return trace.batch_line
+
+
+class HindsightController(RowController):
+    """Knows every request's future (the trace's outputs): each row drafts, with the drafter
+    that agrees longest there, only tokens the target keeps, and every row's K is chosen for
+    the step's goodput over those certain tokens (batch_ks at the trace's prices). No
+    controller that learns from evidence can pass it at the same costs: its figure is the
+    ceiling a live one is measured against (`autospec replay --controller hindsight`)."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.requests = {r.id: r for r in trace.requests}
+
+    def decide_row(self, request) -> Decision:
+        return self.decide(Step([request], None))[0]
+
+    def decide(self, step: Step) -> list[Decision]:
+        costs = self.trace.draft_seconds_per_token
+        picks = []
+        for request in step.rows:
+            recorded = self.requests[request.request_id]
+            at = len(request.tokens) - request.prompt_len
+            picks.append(max(((d, matches[at]) for d, matches in recorded.match.items()),
+                             key=lambda pick: (pick[1], -costs.get(pick[0], 0.0))))
+        ks = batch_ks([[1.0] * agree for _, agree in picks],
+                      [costs.get(d, 0.0) for d, _ in picks],
+                      trace_prices(self.trace, len(step.rows)))
+        return [Decision(d, k) if k else Decision(None, 0) for (d, _), k in zip(picks, ks)]
+
+
+def replay(trace: Trace, controller: Controller, requests: list[TraceRequest] | None = None):
+    """Run `controller` over the trace, one request at a time: one RequestRecord per request
+    (simulated seconds)."""
+    return replay_batch(trace, controller, 1, requests)[0]
+
+
+def replay_batch(trace: Trace, controller: Controller, rows: int,
+                 requests: list[TraceRequest] | None = None) -> tuple[list, float]:
+    """`rows` closed-loop clients over the trace's requests (each sends the next when its last
+    ends): the live loop, `Engine.run`, over the recorded target (bench/recorded.py). (one
+    RequestRecord per request in order, simulated seconds of the whole run)"""
+    engine = RecordedEngine(trace, rows, requests)
+    jobs = [Job(r.prompt, len(r.output), request_id=r.id, workload=r.category)
+            for r in engine.requests]
+    generations = engine.run(jobs, controller)
+    return [g.telemetry for g in generations], engine.now

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from autospec.bench.recorded import replay
+from autospec.controller.adaptive import AdaptiveController, ControllerSettings
+from autospec.daemon.learner import Learner
 from autospec.telemetry import RequestRecord
 
 
@@ -53,9 +56,6 @@ def warm_vs_cold(trace, window: int = 16, yesterday=None) -> dict:
     warm:   a new process started from a Learner that folded in yesterday's traffic (what
             the daemon persisted and serves on GET /v1/params).
     Returns the steps each needs before it decodes within 5 % of steady state."""
-    from autospec.bench.trace import replay
-    from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-    from autospec.daemon.learner import Learner
     drafters = tuple(trace.draft_seconds_per_token)
 
     def controller() -> AdaptiveController:

@@ -184,7 +184,7 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     if record_path:
         if temperature > 0:
             raise click.ClickException("--record needs greedy decoding (--temperature 0)")
-        from autospec.bench.trace import record
+        from autospec.bench.record import record
         trace = record(engine, prompts, list(available), record_k_max, max_new_tokens,
                        progress=lambda m: click.echo(m, err=True))
         trace.save(record_path)

@@ -9,7 +9,7 @@ import click
 
 from autospec.cli.options import trace_pair_option
 
-HINDSIGHT = "hindsight"  # bench/trace.py HindsightController: not a Method (it needs the trace)
+HINDSIGHT = "hindsight"  # bench/recorded.py HindsightController: not a Method (it needs the trace)
 DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema", HINDSIGHT)
 
 
@@ -83,7 +83,7 @@ def check_trace_pair(trace, path, pair: str) -> None:
 def run_replay(trace, methods, drafters, rows: int = 1) -> dict:
     """{method: {category: figures}} for each Method (autospec.method) or HINDSIGHT on the
     trace; over `rows` clients at once, only "overall" (categories share the steps)."""
-    from autospec.bench.trace import HindsightController, replay as replay_trace, replay_batch
+    from autospec.bench.recorded import HindsightController, replay as replay_trace, replay_batch
     from autospec.controller.factory import make_controller
     out = {}
     for method in methods:

@@ -306,6 +306,30 @@ class Engine(Host):
                     len(request.tokens), row.k, draft, seconds * row.k / total, by_engine=True)
         return made
 
+    @torch.inference_mode()
+    def trial_forward(self, slots: list[int], inputs: list[list[int]]) -> None:
+        """One target forward over the rows' inputs, rolled back after (the rows keep their
+        lengths): what a cost calibration times (bench/record.py)."""
+        kept = [self.cache.lengths[slot] for slot in slots]
+        try:
+            self._forward(slots, inputs)
+        finally:
+            for slot, length in zip(slots, kept):
+                self.cache.lengths[slot] = length
+
+    @torch.inference_mode()
+    def features(self, tokens: list[int]) -> torch.Tensor | None:
+        """The target's last hidden state at every position but the last of `tokens`, where
+        the engine keeps them (a pair with a feature head: what `eagle` drafts from); None
+        otherwise. A row of its own, given back after."""
+        if self.cache.hidden is None:
+            return None
+        request = self.start(tokens, max_new_tokens=1)
+        try:
+            return self.cache.hidden_of(request.slot).clone()
+        finally:
+            self.abandon(request)
+
     def _forward(self, slots: list[int], inputs: list[list[int]], last: int | None = None,
                  scored: list[int] | None = None):
         """Logits (n, T, V) of the rows' token lists, right-padded, each at its own offset

@@ -23,6 +23,7 @@ import random
 import statistics
 from contextlib import contextmanager
 
+from autospec.bench.recorded import replay_batch
 from autospec.controller.adaptive import AdaptiveController
 from autospec.controller.settings import ControllerSettings
 
@@ -46,7 +47,6 @@ def tokens_per_second(trace, settings: ControllerSettings, rows: int = 1,
                       requests: list | None = None) -> float:
     """Replayed tokens/s of the whole run: `rows` closed-loop clients over the trace's
     requests (or `requests`)."""
-    from autospec.bench.trace import replay_batch
     records, seconds = replay_batch(trace, AdaptiveController(settings),
                                     rows, requests)
     return sum(r.output_tokens for r in records) / seconds

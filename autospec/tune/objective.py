@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from autospec.bench.trace import Trace, replay
+from autospec.bench.trace import Trace
+from autospec.bench.recorded import replay
 from autospec.controller.adaptive import ControllerSettings
 from autospec.tune.controller import build_controller
 

@@ -158,7 +158,8 @@ def test_a_trace_with_model_confidences_replays_their_stop_rule_and_an_older_one
     """configs/traces/heldout.json records the model drafters' confidences: replayed, a model
     drafter runs to a StopRule (asked for up to k_max, cut where its tokens stop paying). The
     same trace without them (as traces recorded before) replays those drafters at K."""
-    from autospec.bench.trace import Trace, replay_batch
+    from autospec.bench.trace import Trace
+    from autospec.bench.recorded import replay_batch
     from autospec.controller.adaptive import AdaptiveController
     from autospec.controller.settings import ControllerSettings
     from conftest import REPO_ROOT

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from autospec.bench.harness import Prompt
-from autospec.bench.trace import Trace, TraceRequest, record, replay
+from autospec.bench.trace import Trace, TraceRequest
+from autospec.bench.record import record
+from autospec.bench.recorded import replay
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.formulas import speedup
 from autospec.controller.interface import Decision, RowController, StaticController
@@ -50,7 +52,7 @@ def test_replaying_a_live_runs_decisions_reproduces_its_acceptance(tiny_engine, 
     recorded target, told the same decisions, accepts exactly what the live run accepted
     (on the trained tiny pair a request whose live output left the recorded one at a near-tie
     is not compared: the trace holds the other branch; one at a wider margin fails)."""
-    from autospec.bench.trace import replay_batch
+    from autospec.bench.recorded import replay_batch
     from autospec.controller.adaptive import AdaptiveController
     from autospec.engine.loop import Engine
     from autospec.engine.request import Job
@@ -76,7 +78,7 @@ def test_replaying_a_live_runs_decisions_reproduces_its_acceptance(tiny_engine, 
 def test_replay_binds_the_controller_once_before_its_first_step(tiny_trace):
     """The recorded target is a host like the engine (Controller.bind): the recorded
     drafters, once, before the first decision, at one row and at several."""
-    from autospec.bench.trace import replay_batch
+    from autospec.bench.recorded import replay_batch
 
     class Binding(StaticController):
         def bind(self, drafters):
@@ -296,7 +298,7 @@ def batch_trace(requests: int = 12, n: int = 120) -> Trace:
 
 def test_the_recorded_trace_keeps_its_batch_line(tiny_trace):
     """record measures the target's forward over 16 and 8 rows: a wider step costs more."""
-    from autospec.bench.trace import trace_prices
+    from autospec.bench.recorded import trace_prices
     assert tiny_trace.batch_line is not None and len(tiny_trace.batch_line) == 5
     prices = trace_prices(tiny_trace, 16)
     assert prices.step(16, 1) > prices.step(0)
@@ -307,7 +309,7 @@ def test_replay_under_load_emits_every_output_and_hindsight_is_the_ceiling():
     knows the outputs makes more tokens per simulated second than each fixed K and the
     adaptive controller (fails if the hindsight drafted anything the target rejects, or if
     the batch line were not charged per position)."""
-    from autospec.bench.trace import HindsightController, replay_batch
+    from autospec.bench.recorded import HindsightController, replay_batch
     trace = batch_trace()
     rates = {}
     for name, controller in [("plain", StaticController(None, 0)),
@@ -325,7 +327,7 @@ def test_replay_under_load_emits_every_output_and_hindsight_is_the_ceiling():
 
 
 def test_replay_under_load_needs_a_batch_line(tmp_path):
-    from autospec.bench.trace import replay_batch
+    from autospec.bench.recorded import replay_batch
     from clirun import error_line, invoke
     trace = geometric_trace(0.5, 0.1, n=50)
     with pytest.raises(ValueError, match="no batch line"):
@@ -341,7 +343,7 @@ def test_replay_under_load_needs_a_batch_line(tmp_path):
 def test_a_drafter_that_proposes_nothing_costs_nothing_in_replay():
     """A look-up drafter with no match proposes no tokens: the step verifies one token, as
     live (fails if replay charged the K asked for rather than the tokens proposed)."""
-    from autospec.bench.trace import replay_batch
+    from autospec.bench.recorded import replay_batch
     trace = batch_trace(requests=4, n=40)
     for request in trace.requests:
         request.proposed = {"synthetic": [0] * len(request.output)}

@@ -17,7 +17,8 @@ import pytest
 from clirun import error_line, invoke
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.bench.trace import Trace, replay
+from autospec.bench.trace import Trace
+from autospec.bench.recorded import replay
 from autospec.policy import load_policy
 from autospec.tune.controller import build_controller, parameters_for
 from autospec.tune.space import SpaceError, load_space, shipped_space
