@@ -18,7 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from autospec.engine.loop import Engine
+# the suite's many small models would each compile their one-row forward (models/compiled.py):
+# eager here, and in every process a test starts; tests/models/test_compiled.py turns it on
+os.environ.setdefault("AUTOSPEC_COMPILE", "0")
+
+from autospec.engine.loop import Engine  # noqa: E402
 from autospec.controller.interface import StaticController
 from autospec.models.pair import ModelPair, load_pair
 # greedy speculative output may part from plain's only at one of plain's near-ties, by the

@@ -189,32 +189,41 @@ class RunningMedian:
 
     def __init__(self, window: int = 9):
         self.window = window
-        self._last: deque[tuple[float, float]] = deque()  # (value, weight), oldest first
+        self._last: deque[list[float]] = deque()  # [value, weight], oldest first
         self._total = 0.0
-        self.value = 0.0
+        self._value: float | None = 0.0  # None: to be computed from _last
 
     def observe(self, x: float, weight: float = 1.0) -> None:
         last = self._last
-        last.append((x, weight))
+        if last and last[-1][0] == x and last[-1][1] + weight <= 1.0 + 1e-9:
+            last[-1][1] += weight  # a batched step's next row: one entry per step
+        else:
+            last.append([x, weight])
         self._total += weight
         while self._total - last[0][1] >= self.window - 1e-9:
             self._total -= last.popleft()[1]
-        # the weighted median; at equal weights the middle one (the two middle ones' mean)
-        half, below = self._total / 2, 0.0
-        ordered = sorted(last)
-        for i, (value, w) in enumerate(ordered):
-            below += w
-            if abs(below - half) <= 1e-9 * self._total and i + 1 < len(ordered):
-                self.value = 0.5 * (value + ordered[i + 1][0])
-                return
-            if below > half:
-                self.value = value
-                return
+        self._value = None
+
+    @property
+    def value(self) -> float:
+        """The weighted median; at equal weights the middle one (the two middle ones' mean)."""
+        if self._value is None:
+            half, below = self._total / 2, 0.0
+            ordered = sorted(self._last)
+            for i, (value, w) in enumerate(ordered):
+                below += w
+                if abs(below - half) <= 1e-9 * self._total and i + 1 < len(ordered):
+                    self._value = 0.5 * (value + ordered[i + 1][0])
+                    break
+                if below > half:
+                    self._value = value
+                    break
+        return self._value
 
     def seed(self, x: float) -> None:
         """Start from a kept value (a restored state) as if observed once."""
         self._last.clear()
-        self._total = 0.0
+        self._total, self._value = 0.0, 0.0
         if x:
             self.observe(x)
 
