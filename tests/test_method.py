@@ -38,7 +38,7 @@ def test_a_policy_file_is_read_once_when_parsed(monkeypatch):
     load = policy.load_policy
     monkeypatch.setattr(policy, "load_policy", lambda path: reads.append(path) or load(path))
     method = parse_method(f"adaptive:{POLICY}")
-    controller = make_controller(method, ("ngram",))
+    controller = make_controller(method)
     assert reads == [str(POLICY)]
     assert method.policy_path == str(POLICY) and controller.settings == method.settings
     assert controller.settings.k_max == 7

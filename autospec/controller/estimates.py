@@ -207,6 +207,10 @@ class RunningMedian:
     @property
     def value(self) -> float:
         """The weighted median; at equal weights the middle one (the two middle ones' mean)."""
+        if self._value is None and len(self._last) == self._total:  # every weight 1: batch 1
+            ordered = sorted(x for x, _ in self._last)
+            n = len(ordered)
+            self._value = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
         if self._value is None:
             half, below = self._total / 2, 0.0
             ordered = sorted(self._last)
@@ -328,7 +332,9 @@ class CostModel:
         """(base, slope) of the current fit, or None before any observation."""
         if self.observed == 0:
             return None
-        return self._line()
+        if self._fitted_line is None:  # cached until the next observation, as the sizes are
+            self._fitted_line = self._line()
+        return self._fitted_line
 
     @property
     def _sums(self) -> list[float]:
@@ -337,6 +343,7 @@ class CostModel:
     @_sums.setter
     def _sums(self, value: list[float]) -> None:
         self._fit_sums, self._verify, self._verify_list, self._step = value, None, None, None
+        self._fitted_line = None
 
     def observe_overhead(self, seconds: float) -> None:
         """One step's seconds outside its draft and its verify forward (the engine measures

@@ -12,7 +12,7 @@ NAMES = ("plain", "static:DRAFTER:K", "adaptive", "adaptive:POLICY.yaml", "ctl:f
          "ctl:hf-heuristic[:DRAFTER]", "ctl:ema[:DRAFTER]", "ctl:batch-table[:DRAFTER[:TABLE]]")
 
 
-def make_controller(method: "Method", settings: ControllerSettings | None = None) -> Controller:
+def make_controller(method: "Method", *, settings: ControllerSettings | None = None) -> Controller:
     """A fresh controller for a Method (`settings` replace the adaptive controller's
     defaults); the host that drives it binds it to the drafters it can run."""
     if method.kind == "plain":

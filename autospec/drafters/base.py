@@ -136,14 +136,15 @@ def register(name: str):
 
 def _load_builtin_and_plugins() -> None:
     global _entry_points_loaded
+    if _entry_points_loaded:  # every look-up asks (drafter_class): once is enough
+        return
     from autospec.drafters import draft_model, eagle, early_exit, ngram, suffix, synthetic  # noqa: F401
-    if not _entry_points_loaded:
-        _entry_points_loaded = True
-        for ep in entry_points(group="autospec.drafters"):
-            if ep.name not in _REGISTRY:
-                cls = ep.load()
-                cls.name = ep.name
-                _REGISTRY[ep.name] = cls
+    _entry_points_loaded = True
+    for ep in entry_points(group="autospec.drafters"):
+        if ep.name not in _REGISTRY:
+            cls = ep.load()
+            cls.name = ep.name
+            _REGISTRY[ep.name] = cls
 
 
 def check_drafter(where: str, value) -> str:

@@ -140,7 +140,7 @@ def test_a_mixed_batch_is_plain_at_the_same_format(engine):
     jobs = [Job(i, 24, SamplingParams(0.0), 0) for i in ids]
     from autospec.controller.factory import make_controller
     from autospec.method import parse_method
-    out = batch.run(jobs, make_controller(parse_method("adaptive"), engine.models.runnable_drafters()))
+    out = batch.run(jobs, make_controller(parse_method("adaptive")))
     for i, _, margin in divergences(engine.models, ids, [g.token_ids for g in out], plain):
         assert margin < near_tie(engine.models.target, ids[i] + plain[i])
 
