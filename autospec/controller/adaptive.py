@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from autospec.confidence import Calibration, StopRule
 from autospec.controller.batch import BatchCost, Prices, best_batch
-from autospec.controller.decide import NO_DRAFTER, choose_drafter
+from autospec.controller.decide import NO_DRAFTER, best_k, choose_drafter
 from autospec.controller.estimates import AcceptanceEstimate, CostModel
 from autospec.controller.interface import Controller, Decision, Outcome, Step
 from autospec.controller.interface import PLAIN as PLAIN_DECISION
@@ -171,18 +171,29 @@ class AdaptiveController(Controller):
         prices = self._prices(rows)
         if prices is None:
             return [PLAIN_DECISION] * rows
-        drafters, trying = [], set()
+        drafters, chances, trying = [], [], set()
         for state, request, proposals in zip(states, requests, looked):
-            drafter = self._choose(state, request, proposals, prices, trying)
+            drafter, alphas = self._choose(state, request, proposals, prices, trying)
             if drafter in self.costly and drafter not in self.costs.prefill:
                 # a model drafter nobody has run yet: one row per step tries it (a batch
                 # waits for its cache prefill), and what that costs prices it for the rest
                 trying.add(drafter)
             drafters.append(drafter)
+            chances.append(alphas)
         cap = self.settings.step_cap
         # a bounded step: none whose forward and drafting exceed cap x a plain step
         max_step = cap * prices.step(0) - chunk * prices.per_token if cap else None
-        rate, ks = self._ks(states, requests, looked, drafters, prices, max_step)
+        if rows == 1 and not cap:
+            # one row: its drafter's best K at the measured forward sizes, which best_batch
+            # would find again (the same objective: test_controller.py checks it), and the
+            # rate it reaches (a StopRule's goodput)
+            drafter = drafters[0]
+            rate, k = (1.0 / prices.step(0), 0) if drafter is None else best_k(
+                chances[0][drafter], self._draft_seconds(drafter, prices), prices.shares,
+                len(chances[0][drafter]))
+            rate, ks = (rate, [k]) if k else (1.0 / prices.step(0), [0])
+        else:
+            rate, ks = self._ks(chances, drafters, prices, max_step)
         # a row whose drafter does not pay in this step (an exploring draw of a costly
         # drafter, say) drafts with a look-up drafter that has a proposal (n-gram, suffix:
         # the first in the policy's order), rather than decoding plain
@@ -191,8 +202,12 @@ class AdaptiveController(Controller):
                           if name in proposals and proposals[name].tokens), d)
                     for d, k, proposals in zip(drafters, ks, looked)]
         if fallback != drafters:
+            for state, request, proposals, d, alphas in zip(states, requests, looked, fallback,
+                                                           chances):
+                if d is not None and d not in alphas:
+                    alphas[d] = self._alphas(state, request, d, proposals.get(d))
             drafters = fallback
-            rate, ks = self._ks(states, requests, looked, drafters, prices, max_step)
+            rate, ks = self._ks(chances, drafters, prices, max_step)
         k_min = self.settings.k_min
         out = []
         for state, request, drafter, k in zip(states, requests, drafters, ks):
@@ -273,9 +288,10 @@ class AdaptiveController(Controller):
         return self._calibration(request.workload, drafter).alphas(confidences, means)
 
     def _choose(self, state: _RequestState, request, proposals: dict, prices: Prices,
-                skip=()) -> str | None:
+                skip=()) -> tuple[str | None, dict[str, list[float]]]:
         """The row's drafter (None: plain) by the chance of each token it would draft being
-        kept (`_alphas`) at its share of the step, none of `skip`."""
+        kept (`_alphas`) at its share of the step, none of `skip`; and those chances, by
+        drafter."""
         names, shares = self.drafters, prices.shares
         alphas = [self._alphas(state, request, d, proposals.get(d)) for d in names]
         k_max = self.settings.k_max
@@ -288,7 +304,11 @@ class AdaptiveController(Controller):
         switch_s = [0.0 if d in state.used else
                     self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
         index = choose_drafter(alphas, draft_s, shares, limits, switch_s)
-        return None if index == NO_DRAFTER else names[index]
+        if index == NO_DRAFTER:
+            return None, dict(zip(names, alphas))
+        # as far as it may draft (its proposal, the cap)
+        alphas[index] = alphas[index][:limits[index]]
+        return names[index], dict(zip(names, alphas))
 
     def _estimate(self, state: _RequestState, drafter: str) -> AcceptanceEstimate:
         """The drafter's acceptance per position in this request."""
@@ -313,19 +333,12 @@ class AdaptiveController(Controller):
             k += 1
         return k
 
-    def _ks(self, states: list[_RequestState], requests, looked: list[dict],
-            drafters: list[str | None], prices: Prices,
-            max_step: float | None) -> tuple[float, list[int]]:
-        """(the step's goodput, every row's K) of best_batch over each row's tokens
-        (`_alphas`; None: plain), as far as its proposal reaches."""
-        alphas, draft_s = [], []
-        for state, request, proposals, drafter in zip(states, requests, looked, drafters):
-            if drafter is None:
-                alphas.append([])
-                draft_s.append(0.0)
-                continue
-            alphas.append(self._alphas(state, request, drafter, proposals.get(drafter)))
-            draft_s.append(self._draft_seconds(drafter, prices))
+    def _ks(self, chances: list[dict[str, list[float]]], drafters: list[str | None],
+            prices: Prices, max_step: float | None) -> tuple[float, list[int]]:
+        """(the step's goodput, every row's K) of best_batch over each row's drafter's
+        tokens (`_choose`'s chances; None: plain)."""
+        alphas = [[] if d is None else row[d] for d, row in zip(drafters, chances)]
+        draft_s = [0.0 if d is None else self._draft_seconds(d, prices) for d in drafters]
         return best_batch(alphas, draft_s, prices, max_step)
 
     def observe(self, outcome: Outcome) -> None:

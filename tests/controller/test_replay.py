@@ -254,7 +254,7 @@ PINNED_DIGESTS: dict[str, str] = {
     'heldout.json plain': '14b5231eecd24b66',
     'heldout.json static:ngram:4': '7433d2e083db39c8',
     'heldout.json tuned': '04fdea31ece3aae9',
-    'heldout.json warm': 'e2011e0e23bd16d8',
+    'heldout.json warm': 'a553a1b77b7ce2f8',
     'mixed.json adaptive': '2606b3576f2ade5a',
     'mixed.json adaptive:policies/default.yaml': '2606b3576f2ade5a',
     'mixed.json adaptive:policies/mixed.yaml': '70b79c36cd071a58',
