@@ -275,6 +275,16 @@ PINNED_DIGESTS: dict[str, str] = {
     'reference.json static:ngram:4': '480d67b7c2608bb2',
     'reference.json tuned': '67f2ac7ee05d5a22',
     'reference.json warm': '18f0f7d9e3fdf05a',
+    'smollm2-chat.json adaptive': '976397f4320a3afb',
+    'smollm2-chat.json adaptive:policies/default.yaml': '976397f4320a3afb',
+    'smollm2-chat.json adaptive:policies/mixed.yaml': 'd4aab69ec13c771a',
+    'smollm2-chat.json ctl:ema': '90dcc18c84f3f18a',
+    'smollm2-chat.json ctl:fixed:ngram:3': '9838bf6423efde61',
+    'smollm2-chat.json ctl:hf-heuristic': '177c8c17a920862d',
+    'smollm2-chat.json plain': 'befa3c5a60a9b238',
+    'smollm2-chat.json static:ngram:4': '24956f14207b5cfb',
+    'smollm2-chat.json tuned': '214ebb3aec73a25f',
+    'smollm2-chat.json warm': 'daf16f8b9e80ccaa',
 }
 
 
