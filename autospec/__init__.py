@@ -13,9 +13,10 @@ by importing each layer with the ones above it blocked):
 models/ is the networks: loading a pair, KV-cache plumbing (kv.py) and logits to a sampling
 distribution (sampling.py), which drafters and the engine both use, so they live at the bottom.
 drafters/ holds the contract, the registry and `agreeing_prefix` (a draft against the target's
-tokens). controller/ decides from what a host hands it and never calls one; the engine drives
-it. One exception, lazy and named in the test: ModelPair.available_drafters asks the drafter
-registry. paths, telemetry, confidence, configcheck and kernels/ sit below them all.
+tokens), and answers which drafters a pair can run (`available_drafters`). controller/ decides
+from what a host hands it and never calls one; the engine drives it. paths, telemetry,
+confidence, configcheck and kernels/ sit below them all. No two modules import each other,
+not even through an import inside a function (tests/test_layout.py).
 """
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def load(target: str | None = None, draft: str | None = None, weights: str = "au
     per process."""
     from autospec.engine.loop import Engine
     from autospec.engine.request import freeze_heap
-    from autospec.models.pair import ModelLoadError, load_pair
-    from autospec.models.pairs import load_named_pair, named_pair
+    from autospec.models import ModelLoadError
+    from autospec.models.pair import load_named_pair, load_pair
+    from autospec.models.pairs import named_pair
     if pair is not None:
         if target is not None or draft is not None:
             raise ModelLoadError(f"pair={pair!r} names both models: give pair or target/draft, "

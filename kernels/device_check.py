@@ -128,8 +128,9 @@ def plain_roofline(device: str, repeats: int, pairs: list[str]) -> list[dict]:
     from autospec.engine.bandwidth import peak_bandwidth_gbs
     from autospec.models.attention import pack_rows
     from autospec.models.kv import RowCache, cache_kwarg
-    from autospec.models.pair import kv_bytes_per_token, weight_bytes
-    from autospec.models.pairs import load_named_pair, named_pair
+    from autospec.models.kv import kv_bytes_per_token
+    from autospec.models.pair import load_named_pair, weight_bytes
+    from autospec.models.pairs import named_pair
     peak = peak_bandwidth_gbs(device)
     out = []
     for name in pairs:

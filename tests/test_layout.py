@@ -9,9 +9,6 @@ import pytest
 from conftest import REPO_ROOT
 
 LAYERS = ["models", "drafters", "controller", "engine"]  # each imports only those before it
-# Function-level imports against the layer order, each with its reason; none may be added.
-LAZY_UPWARD = {("models", "drafters"): "ModelPair.available_drafters asks the drafter registry "
-                                       "which drafters need a draft model"}
 
 
 def module_level(tree: ast.AST):
@@ -65,17 +62,13 @@ def cycles(edges: dict[str, set[str]]) -> list[set[str]]:
 
 def test_no_folder_level_import_cycle():
     assert cycles(room_graph(lazy=False)) == []
-    lazy = room_graph()
-    for low, high in LAZY_UPWARD:
-        lazy[low].discard(high)
-    assert cycles(lazy) == []
+    assert cycles(room_graph()) == []
 
 
 def test_the_lower_layers_import_only_layers_below_them():
     for i, layer in enumerate(LAYERS):
-        upward = {(layer, above) for above in graph_of(layer) & set(LAYERS[i + 1:])}
-        assert upward <= set(LAZY_UPWARD), f"{layer} imports a layer above it: {upward}"
-        assert not graph_of(layer, lazy=False) & set(LAYERS[i + 1:])
+        upward = graph_of(layer) & set(LAYERS[i + 1:])
+        assert not upward, f"{layer} imports a layer above it: {upward}"
 
 
 BLOCKED_IMPORT = """

@@ -3,6 +3,7 @@
 import pytest
 
 from autospec.controller.factory import make_controller
+from autospec.drafters.base import available_drafters
 from autospec.method import Method, is_adaptive, parse_method, parse_methods
 from autospec.controller.interface import (PLAIN, Decision, Lookups, Outcome, Step, decide_one,
                                            observe_one)
@@ -84,9 +85,9 @@ def test_only_controllers_are_made():
 
 def test_available_drafters_need_a_draft_model_only_for_draft_model(tiny_pair):
     import dataclasses
-    assert tiny_pair.available_drafters() == ("ngram", "draft-model", "early-exit")  # no eagle head
+    assert available_drafters(tiny_pair) == ("ngram", "draft-model", "early-exit")  # no eagle head
     target_only = dataclasses.replace(tiny_pair, draft=None, draft_name=None)
-    assert target_only.available_drafters() == ("ngram", "early-exit")
+    assert available_drafters(target_only) == ("ngram", "early-exit")
 
 
 def test_batch_table_drafts_the_k_of_the_batch_size_and_nothing_above_the_table():

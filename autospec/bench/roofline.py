@@ -30,7 +30,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from autospec.models.pair import kv_bytes_per_token, kv_shape, weight_bytes
+from autospec.models.kv import kv_bytes_per_token, kv_shape
+from autospec.models.pair import weight_bytes
 
 SHAPES = 8  # the most frequent forward shapes reported
 

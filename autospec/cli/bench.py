@@ -126,7 +126,8 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
                           repeats, max_new_tokens, temperature, seed,
                           "bfloat16" if weights[0] == "int4" else weights[0], pair, target,
                           prompts_path, schedule, rows, record_path, plot_path, json_path)
-    available = engine.models.available_drafters()
+    from autospec.drafters.base import available_drafters
+    available = available_drafters(engine.models)
     skipped = [m for m in method_list if not set(m.needs_drafters) <= set(available)]
     if skipped and methods == DEFAULT_METHODS:
         # a target-only pair (e.g. smollm2 before its draft ships): the default set without

@@ -96,7 +96,7 @@ def export(pair_name: str, fmt: str, head_dir: Path | None, out_dir: Path | None
     vllm serve TARGET --speculative-config \\
         '{"method": "eagle", "model": "DIR", "num_speculative_tokens": 3}'
     """
-    from autospec.models.pair import ModelLoadError
+    from autospec.models import ModelLoadError
     from autospec.models.pairs import PAIRS, named_pair
     from autospec.paths import model_dir, user_path
     from autospec.vllm.export import FORMATS, ExportError, export_vllm_eagle

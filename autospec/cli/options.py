@@ -123,8 +123,8 @@ def load_engine(target, draft, weights, pair=None, drafter_options: dict | None 
     """Engine or a ClickException naming what is wrong (no traceback for bad input)."""
     from autospec.engine.loop import Engine
     from autospec.engine.request import freeze_heap
-    from autospec.models.pair import ModelLoadError, load_pair
-    from autospec.models.pairs import load_named_pair
+    from autospec.models import ModelLoadError
+    from autospec.models.pair import load_named_pair, load_pair
     check_pair_args(pair, target, draft)
     try:
         models = load_named_pair(pair, weights) if pair else load_pair(target, draft, weights)

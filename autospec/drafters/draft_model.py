@@ -24,9 +24,9 @@ from typing import Callable
 
 import torch
 
-from autospec.drafters.base import Draft, DraftContext, Drafter, agreeing_prefix, register
-from autospec.models.kv import RowCache, cache_kwarg, keeps_logits
-from autospec.models.pair import kv_bytes_per_token, weight_bytes
+from autospec.drafters.contract import Draft, DraftContext, Drafter, agreeing_prefix, register
+from autospec.models.kv import RowCache, cache_kwarg, keeps_logits, kv_bytes_per_token
+from autospec.models.pair import weight_bytes
 from autospec.models.sampling import probs_from_logits, sample
 
 

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from autospec.drafters.base import Draft, register
+from autospec.drafters.contract import Draft, register
 from autospec.drafters.draft_model import BatchDraftModel, DraftRow, OneRowDrafter
 from autospec.models.forward import head_scores
 from autospec.models.kv import RowCache

@@ -6,7 +6,7 @@ its own (L-layer) cache.
 """
 from __future__ import annotations
 
-from autospec.drafters.base import register
+from autospec.drafters.contract import register
 from autospec.drafters.draft_model import BatchDraftModel, CachedLMDrafter
 
 

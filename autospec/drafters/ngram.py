@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from autospec.drafters.base import Draft, DraftContext, Drafter, register
+from autospec.drafters.contract import Draft, DraftContext, Drafter, register
 
 
 def ngram_match(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:

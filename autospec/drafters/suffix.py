@@ -59,7 +59,7 @@ from functools import partial
 from typing import Callable
 
 from autospec.configcheck import knob, knobs, mapping, text
-from autospec.drafters.base import Draft, DraftContext, Drafter, Verified, register
+from autospec.drafters.contract import Draft, DraftContext, Drafter, Verified, register
 from autospec.drafters.suffix_index import SuffixIndex, expected_accepted
 
 # ~1 GB in the worst case measured (1.2 KB a token, see above), ~0.25 GB on code

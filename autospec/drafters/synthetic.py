@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from autospec.drafters.base import DraftContext, register
+from autospec.drafters.contract import DraftContext, register
 from autospec.drafters.draft_model import CachedLMDrafter
 from autospec.models.sampling import probs_from_logits, sample
 

@@ -28,15 +28,15 @@ from typing import Callable, Sequence
 
 import torch
 
-from autospec.drafters.base import Draft, Verified, check_draft, drafter_class
+from autospec.drafters.base import Draft, Verified, check_draft, drafter_class, runnable_drafters
 from autospec.drafters.draft_model import DraftRow
 from autospec.engine.accept import MAX_TOP_LOGPROBS, accept_rows, token_logprobs
 from autospec.engine.jobs import Host
 from autospec.controller.interface import Controller, StaticController
 from autospec.engine.request import Generation, Proposal, Request, Round
 from autospec.models.attention import pack_rows
-from autospec.models.kv import RowCache, cache_kwarg
-from autospec.models.pair import ModelPair, kv_bytes_per_token, weight_bytes
+from autospec.models.kv import RowCache, cache_kwarg, kv_bytes_per_token
+from autospec.models.pair import ModelPair, weight_bytes
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import StepRecord
 
@@ -345,7 +345,7 @@ class Engine(Host):
         time.sleep(max(0.0, seconds))
 
     def runnable_drafters(self) -> tuple[str, ...]:
-        return self.models.runnable_drafters()
+        return runnable_drafters(self.models)
 
     # advance (one step over the rows in flight, a chunk of a joining prompt in it) and run
     # (the closed / open loop over many requests): Host, engine/jobs.py

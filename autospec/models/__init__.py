@@ -7,3 +7,8 @@ AUTO = "auto"
 # of the converted checkpoint that no loader reads: vLLM loads every *.safetensors at its top
 KEPT_DIR = "autospec"
 BLOCKS_FILE = f"{KEPT_DIR}/int4-blocks.safetensors"
+
+
+class ModelLoadError(ValueError):
+    """A model path or model pair that cannot be used; the message names it (models/pair.py,
+    models/pairs.py)."""

@@ -28,12 +28,28 @@ import inspect
 from typing import Sequence
 
 import torch
+from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from autospec.models.attention import interface_packing, packs
 from autospec.models.forward import fits, llama_forward
 from autospec.models.plan import ForwardBatch, fill, place, plan
-from autospec.models.pair import kv_shape
+
+
+def kv_shape(model: nn.Module) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of the model's KV cache."""
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return cfg.num_hidden_layers, kv_heads, head_dim
+
+
+def kv_bytes_per_token(model: nn.Module) -> int:
+    """Bytes of K and V one cached token occupies across all layers."""
+    layers, kv_heads, head_dim = kv_shape(model)
+    elem = next(model.parameters()).element_size()
+    return 2 * layers * kv_heads * head_dim * elem
 
 
 def cache_kwarg(model) -> str:

@@ -17,6 +17,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from autospec.models import ModelLoadError
+from autospec.models.pairs import named_pair, pair_name_for
 from autospec.models.shared_draft import borrowed_layers, is_shared_draft, load_shared_draft
 from autospec.paths import REFERENCE_DIR
 
@@ -29,15 +31,10 @@ def pair_key(target: str, draft: str | None) -> str:
     """The one model-pair key — serve's telemetry, the daemon's learners, the store's rows,
     traces, tune's provenance, the report: a named pair's name ("reference", "smollm2"; see
     autospec/models/pairs.py), else TARGET+DRAFT (TARGET alone without a draft model)."""
-    from autospec.models.pairs import pair_name_for
     name = pair_name_for(target, draft)
     if name:
         return name
     return f"{target}+{draft}" if draft else target
-
-
-class ModelLoadError(ValueError):
-    """A model path or model pair that cannot be used; the message names it."""
 
 
 @dataclass
@@ -55,7 +52,8 @@ class ModelPair:
     # last hidden states beside its KV cache, for the `eagle` drafter
     eagle: nn.Module | None = None
     _exit_views: dict = field(default_factory=dict, repr=False)  # depth -> early-exit model
-    _runnable: tuple[str, ...] | None = field(default=None, repr=False)
+    # the registered drafters it can run, found once (drafters/base.py runnable_drafters)
+    runnable: tuple[str, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.exit_model is not None:  # at its depth, the trained exit is the view
@@ -65,23 +63,6 @@ class ModelPair:
     def key(self) -> str:
         """The model-pair key (see pair_key)."""
         return pair_key(self.target_name, self.draft_name)
-
-    def available_drafters(self, candidates: tuple[str, ...] | None = None) -> tuple[str, ...]:
-        """The drafters this pair can run, of `candidates` (default: the built-in ones, in the
-        controller's order): those whose needs it has (`Drafter.runs_on`: a draft model, a
-        feature head)."""
-        from autospec.drafters.base import DEFAULT_DRAFTERS, drafter_class
-        return tuple(d for d in (DEFAULT_DRAFTERS if candidates is None else candidates)
-                     if drafter_class(d).runs_on(self))
-
-    def runnable_drafters(self) -> tuple[str, ...]:
-        """Every registered drafter this pair can run (a controller picks among the ones its
-        settings list: the suffix drafter, opt-in, among them). Asked before every step
-        (Controller.bind): found once."""
-        if self._runnable is None:
-            from autospec.drafters.base import known_drafters
-            self._runnable = self.available_drafters(tuple(known_drafters()))
-        return self._runnable
 
     @property
     def max_positions(self) -> int:
@@ -121,22 +102,6 @@ def weight_bytes(model: nn.Module) -> int:
     if embedding is not None and getattr(head, "weight", None) is not embedding.weight:
         total -= embedding.weight.numel() * embedding.weight.element_size()
     return total
-
-
-def kv_shape(model: nn.Module) -> tuple[int, int, int]:
-    """(layers, kv_heads, head_dim) of the model's KV cache."""
-    cfg = model.config
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return cfg.num_hidden_layers, kv_heads, head_dim
-
-
-def kv_bytes_per_token(model: nn.Module) -> int:
-    """Bytes of K and V one cached token occupies across all layers."""
-    layers, kv_heads, head_dim = kv_shape(model)
-    elem = next(model.parameters()).element_size()
-    return 2 * layers * kv_heads * head_dim * elem
 
 
 def early_exit_view(target: nn.Module, layer: int) -> nn.Module:
@@ -255,6 +220,16 @@ def load_pair(target: str | None = None, draft: str | None = None,
     from autospec.models.forward import prepare_compiled
     prepare_compiled(target_model, draft_model, exit_model)  # before any step (models/compiled.py)
     return ModelPair(target_model, tokenizer, draft_model, target, draft, exit_model, eagle_model)
+
+
+def load_named_pair(name: str, weights: str = "auto") -> ModelPair:
+    """The ModelPair a name stands for (models/pairs.py's table)."""
+    spec = named_pair(name)
+    target, draft = spec.locate()
+    exit_dir, eagle_dir = spec.exit_dir(), spec.eagle_dir()
+    return load_pair(str(target), str(draft) if draft else None, weights,
+                     exit=str(exit_dir) if exit_dir else None,
+                     eagle=str(eagle_dir) if eagle_dir else None)
 
 
 def _to_format(weights: str, target: str, target_model: nn.Module, *others) -> None:

@@ -8,7 +8,7 @@
                 exit early-exit runs the bare view)
 
 `--pair NAME` (CLI), `autospec.load(pair=NAME)` and the store's pair key (`ModelPair.key`) all
-read this table.
+read this table; models/pair.py loads a pair by its name (`load_named_pair`).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from autospec.models import ModelLoadError
 from autospec.paths import REFERENCE_DIR, SMOLLM2_SHIPPED_DIR, smollm2_dir, user_path
 
 DEFAULT_PAIR = "reference"
@@ -49,8 +50,8 @@ class NamedPair:
         target = self.target()
         if not _is_model_dir(target):
             if self.fetch:
-                raise _load_error(f"pair '{self.name}' needs its target, which is not in "
-                                  f"{target}: run `{self.fetch}` first")
+                raise ModelLoadError(f"pair '{self.name}' needs its target, which is not in "
+                                     f"{target}: run `{self.fetch}` first")
             from autospec.models.build import build
             build(self.build_preset)
         draft = self.draft()
@@ -92,19 +93,8 @@ def not_a_chat_model(key: str) -> str | None:
 
 def named_pair(name: str) -> NamedPair:
     if name not in PAIRS:
-        raise _load_error(f"unknown pair '{name}' (known: {', '.join(sorted(PAIRS))})")
+        raise ModelLoadError(f"unknown pair '{name}' (known: {', '.join(sorted(PAIRS))})")
     return PAIRS[name]
-
-
-def load_named_pair(name: str, weights: str = "auto"):
-    """The ModelPair a name stands for (see the table above)."""
-    from autospec.models.pair import load_pair
-    spec = named_pair(name)
-    target, draft = spec.locate()
-    exit_dir, eagle_dir = spec.exit_dir(), spec.eagle_dir()
-    return load_pair(str(target), str(draft) if draft else None, weights,
-                     exit=str(exit_dir) if exit_dir else None,
-                     eagle=str(eagle_dir) if eagle_dir else None)
 
 
 def pair_name_for(target: str, draft: str | None) -> str | None:
@@ -122,8 +112,3 @@ def _same(path: str, expected: Path) -> bool:
 
 def _is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
-
-
-def _load_error(message: str):
-    from autospec.models.pair import ModelLoadError
-    return ModelLoadError(message)

@@ -40,6 +40,7 @@ from aiohttp import web
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.factory import make_controller
+from autospec.drafters.base import runnable_drafters
 from autospec.drafters.suffix import SuffixOptions, export_handoffs, shared_index, shared_tokens
 from autospec.engine.loop import Engine
 from autospec.engine.request import Generation
@@ -106,7 +107,7 @@ class Server:
         self.decode = DecodeLoop(self.batch, QUEUE_PER_ROW * max_batch if max_queue is None
                                  else max_queue, own_thread=decode_thread)
         # every registered drafter the pair can run: a policy may list suffix or a plugin
-        self.available = engine.models.runnable_drafters()
+        self.available = runnable_drafters(engine.models)
         self.params: dict | None = None  # the last GET /v1/params answer
         self.controllers: dict[str | None, AdaptiveController] = {}
         self.served = 0

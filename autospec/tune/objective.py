@@ -18,6 +18,7 @@ from typing import Iterator
 from autospec.bench.trace import Trace
 from autospec.bench.recorded import replay
 from autospec.controller.adaptive import ControllerSettings
+from autospec.drafters.base import available_drafters
 from autospec.tune.controller import build_controller
 
 
@@ -82,7 +83,7 @@ class LiveObjective:
         from autospec.bench.harness import prompt_ids
         m = self.engine.models
         self.ids = [prompt_ids(self.engine, p) for p in self.prompts]  # chat rows rendered
-        self.available = m.available_drafters()
+        self.available = available_drafters(m)
         self.k_limit = 64
         self.hashes = {self.workload_path: file_hash(self.workload_path)}
         self.model_pair = m.key

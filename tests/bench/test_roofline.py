@@ -4,7 +4,8 @@ import pytest
 
 from autospec.bench.roofline import (format_step_profile, forward_bound, roofline,
                                      step_profile)
-from autospec.models.pair import kv_bytes_per_token, weight_bytes
+from autospec.models.kv import kv_bytes_per_token
+from autospec.models.pair import weight_bytes
 from autospec.telemetry import StepRecord
 from conftest import random_llama
 

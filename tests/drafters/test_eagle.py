@@ -3,11 +3,13 @@ behaviour is known by construction, losslessness, and the head's files."""
 import pytest
 import torch
 
+from autospec.drafters.base import runnable_drafters
 from autospec.engine.loop import Engine
 from autospec.controller.interface import StaticController
 from autospec.engine.request import Job
 from autospec.models.eagle_head import EagleHead, load_eagle_head, save_eagle_head
-from autospec.models.pair import ModelLoadError, ModelPair, load_pair
+from autospec.models import ModelLoadError
+from autospec.models.pair import ModelPair, load_pair
 from conftest import KS, IdTokenizer, assert_lossless, counting_llama, random_llama
 
 VOCAB = 12
@@ -143,7 +145,7 @@ def test_the_training_time_test_drafts_as_the_heads_cache_would():
 
 
 def test_eagle_without_a_head_is_a_clear_error(tiny_pair):
-    assert "eagle" not in tiny_pair.runnable_drafters()
+    assert "eagle" not in runnable_drafters(tiny_pair)
     with pytest.raises(ValueError, match="needs a feature head"):
         Engine(tiny_pair).generate("x = 1", drafter="eagle", k=2, max_new_tokens=4)
     with pytest.raises(ModelLoadError, match="not a head made for a target"):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from autospec.drafters.base import runnable_drafters
 from autospec.engine.loop import Engine
 
 from autospec.engine.request import Job
@@ -143,7 +144,7 @@ def test_an_engine_binds_each_controller_once_before_its_first_step():
     engine.run([Job([1, 2, 3, 1, 2], n) for n in (3, 5, 2)], controller)
     engine.generate([1, 2, 3], controller=controller, max_new_tokens=3)
     binds = [e for e in events if e[0] == "bind"]
-    assert binds == [("bind", id(controller), pair.runnable_drafters())]
+    assert binds == [("bind", id(controller), runnable_drafters(pair))]
     assert events[0][0] == "bind" and len(events) > 4
     Engine(pair, max_len=32).generate([1, 2, 3], controller=controller, max_new_tokens=2)
     assert [e[0] for e in events].count("bind") == 2  # the second engine's

@@ -6,6 +6,7 @@ drafter's confidences): the step must then draft nothing twice, use exactly what
 and never use a proposal looked up at another context.
 """
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
+from autospec.drafters.base import runnable_drafters
 from autospec.engine.loop import Engine
 from autospec.controller.interface import StaticController
 from conftest import REPO_ROOT, assert_lossless
@@ -92,8 +93,8 @@ def test_a_policy_listing_suffix_gets_it_in_bench_and_serve(reference_pair):
     from autospec.method import parse_method
     policy = REPO_ROOT / "policies" / "suffix.yaml"
     controller = make_controller(parse_method(f"adaptive:{policy}"))
-    controller.bind(reference_pair.runnable_drafters())
+    controller.bind(runnable_drafters(reference_pair))
     assert "suffix" in controller.drafters
     default = make_controller(parse_method("adaptive"))
-    default.bind(reference_pair.runnable_drafters())
+    default.bind(runnable_drafters(reference_pair))
     assert "suffix" not in default.drafters

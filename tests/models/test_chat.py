@@ -13,7 +13,8 @@ import autospec
 from autospec.bench.harness import load_prompts, prompt_ids
 from autospec.engine.loop import Engine
 from autospec.models import pairs
-from autospec.models.pair import ModelLoadError, load_pair
+from autospec.models import ModelLoadError
+from autospec.models.pair import load_pair
 from conftest import TEST_DATA
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):"}]

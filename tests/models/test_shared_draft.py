@@ -9,7 +9,8 @@ import torch
 from autospec.engine.loop import Engine
 
 from autospec.controller.interface import StaticController
-from autospec.models.pair import ModelLoadError, ModelPair, load_pair, weight_bytes
+from autospec.models import ModelLoadError
+from autospec.models.pair import ModelPair, load_pair, weight_bytes
 from autospec.models.shared_draft import (SubsetHead, draft_from_target, is_shared_draft,
                                           load_shared_draft, own_state, save_shared_draft,
                                           subset_lookup)

@@ -8,6 +8,7 @@ trained weights). Skipped, with the reason, where the package index cannot be re
 import pytest
 
 from autospec.bench.harness import load_prompts, prompt_ids
+from autospec.drafters.base import runnable_drafters
 from autospec.engine.loop import Engine
 from autospec.controller.interface import StaticController
 from autospec.controller.settings import ControllerSettings
@@ -21,7 +22,7 @@ TOKENS = 32
 def engine():
     import torch
     from autospec.models.fetch import FetchError, fetch
-    from autospec.models.pairs import load_named_pair
+    from autospec.models.pair import load_named_pair
     try:
         fetch("smollm2", quiet=True, log=lambda m: None)
     except FetchError as exc:
@@ -57,7 +58,7 @@ def test_the_shipped_draft_and_exit_are_wired_to_the_fetched_target(engine):
     assert models.exit_model.model.layers[0] is models.target.model.layers[0]
     if models.eagle is not None:  # the feature head: the target's embedding, its head's rows
         assert models.eagle.embed is models.target.get_input_embeddings()
-        assert "eagle" in models.runnable_drafters()
+        assert "eagle" in runnable_drafters(models)
 
 
 def test_every_method_is_identical_to_plain(engine, prompts):

@@ -13,7 +13,8 @@ from autospec.engine.loop import Engine
 from autospec.engine.jobs import Job
 from autospec.models import weights
 from autospec.models.forward import _Product
-from autospec.models.pair import ModelLoadError, load_pair, weight_bytes
+from autospec.models import ModelLoadError
+from autospec.models.pair import load_pair, weight_bytes
 from autospec.models.sampling import SamplingParams
 from autospec.models.ties import near_tie
 from conftest import KS, NEAR_TIE, REPO_ROOT, assert_lossless, divergences, plain_and_speculative
