@@ -12,7 +12,7 @@ from typing import Callable
 
 from sqlalchemy import Connection, inspect, select, text
 
-from autospec.store import schema
+import autospec.store.schema as schema
 from autospec.store.errors import StoreSchemaError
 
 Migration = Callable[[Connection], None]

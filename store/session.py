@@ -16,7 +16,8 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from autospec.paths import STORE_FILENAME, data_dir, store_url
-from autospec.store import migrations, queries
+import autospec.store.migrations as migrations
+import autospec.store.queries as queries
 from autospec.store.errors import StoreError
 from autospec.telemetry import RequestRecord
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from autospec.controller.interface import Controller, Outcome, StaticController, Step
 from autospec.drafters.base import (Draft, DraftContext, Drafter, check_draft, create_drafter,
@@ -19,11 +19,8 @@ from autospec.drafters.base import (Draft, DraftContext, Drafter, check_draft, c
 from autospec.engine.request import Generation, Job, Proposal, Request
 from autospec.telemetry import summarise
 
-if TYPE_CHECKING:
-    from autospec.engine.loop import Engine
 
-
-def run_jobs(self: "Engine", jobs: Iterable[Job], controller: Controller | None = None,
+def run_jobs(self: "Host", jobs: Iterable[Job], controller: Controller | None = None,
              max_batch: int | None = None,
              on_tokens: Callable[[Request, list[int]], None] | None = None,
              arrivals: Sequence[float] | None = None,
@@ -85,7 +82,7 @@ def run_jobs(self: "Engine", jobs: Iterable[Job], controller: Controller | None 
     return results
 
 
-def advance_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]]) -> list[list[int]]:
+def advance_rows(self: "Host", rows: Sequence[tuple[Request, Controller]]) -> list[list[int]]:
     """One step of the loop: each controller decides for all its rows at once (a server's
     rows may have different ones), one `step_batch`, every controller told its rows' steps,
     the controllers' seconds shared among the rows. The tokens appended to each row. A row
@@ -112,7 +109,7 @@ def advance_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]]) -> 
     return out
 
 
-def decode_rows(self: "Engine", rows: Sequence[tuple[Request, Controller]],
+def decode_rows(self: "Host", rows: Sequence[tuple[Request, Controller]],
                 joining: Request | None = None) -> list[list[int]]:
     """`advance`'s step over rows that all decode, and a chunk of `joining`'s prompt riding
     along — or, where the rest of it fits the chunk, `joining` decoding plain after it (its
