@@ -18,7 +18,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from autospec.bench.methods import RunResult, make_runner
+from autospec.bench.methods import make_runner
+from autospec.bench.runner import RunResult
 from autospec.bench.roofline import peaks, roofline
 from autospec.controller.formulas import speedup
 from autospec.engine.loop import Engine

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from autospec.bench.methods import RunResult, Runner
+from autospec.bench.runner import RunResult, Runner
 
 # llama.cpp's x86 instruction sets named, not probed: a native build dies on AMX CPUs
 CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "

@@ -43,7 +43,8 @@ import torch
 
 from autospec.bench.harness import OVERALL, Cell, Prompt, cell_stats, prompt_ids
 from autospec.models.ties import logprob_verdict, verdict
-from autospec.bench.methods import RunResult, fresh_history, hf_generate
+from autospec.bench.methods import fresh_history, hf_generate
+from autospec.bench.runner import RunResult
 from autospec.bench.roofline import format_roofline, peaks, roofline
 from autospec.controller.factory import make_controller
 from autospec.engine.loop import Engine

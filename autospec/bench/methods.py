@@ -9,11 +9,11 @@ compare with static:*:K at the same K.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
+from autospec.bench.llamacpp import llamacpp_runner
+from autospec.bench.runner import RunResult, Runner
 from autospec.controller.factory import make_controller
 from autospec.engine.loop import Engine
 from autospec.method import ORACLES, Method, parse_methods  # noqa: F401 (re-exported)
@@ -21,28 +21,10 @@ from autospec.method import ORACLES, Method, parse_methods  # noqa: F401 (re-exp
 DERIVED = ORACLES  # picked afterwards, not run
 
 
-@dataclass
-class RunResult:
-    token_ids: list[int]
-    wall_s: float
-    proposed: int = 0
-    accepted: int = 0
-    steps: int = 0
-    step_records: list | None = None
-    # per output position, {token: log-probability} of the run's own distribution there (its
-    # top two and the token it chose), where the runner reports them (vLLM's logprobs): what
-    # a verdict reads a divergence's margin from where our target cannot be asked
-    logprobs: list[dict[int, float]] | None = None
-
-
-Runner = Callable[[list[int], int, float, int, str], RunResult]
-
-
 def make_runner(method: Method, engine: Engine) -> Runner:
     if method.is_controller:
         return _ours(engine, make_controller(method))
     if method.kind == "llamacpp":
-        from autospec.bench.llamacpp import llamacpp_runner
         return llamacpp_runner(method, engine)
     models = engine.models
     k = method.k

@@ -38,7 +38,7 @@ from typing import Callable
 from autospec.bench.arrivals import Schedule, Sent, arrival_jobs, arrivals_report, run_arrivals
 from autospec.bench.harness import OVERALL, Prompt, machine_info, prompt_ids
 from autospec.bench.load import LoadRun, method_stats, run_load
-from autospec.bench.methods import RunResult
+from autospec.bench.runner import RunResult
 from autospec.method import Method, parse_method
 
 KNOWN = ("plain, vllm:ngram:K, vllm:eagle:K, vllm:dynamic:TABLE, adaptive, adaptive:POLICY.yaml, "
