@@ -1,24 +1,49 @@
 """GET /metrics: the daemon's counters and estimates, by prometheus_client in the daemon's own
 registry (DaemonState.registry). What the controller chose (K, accepted length, acceptance per
 position: autospec/metrics.py) is counted at ingest; the rest is read from DaemonState when
-scraped, by `StateCollector`: ratios and learnt estimates are derived values, not counts."""
+scraped, by `StateCollector`: ratios and learnt estimates are derived values, not counts. The
+counters themselves (`Counters`) are defined here; DaemonState keeps them."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from autospec.daemon.state import DaemonState
+from autospec.policy import Policy
 
 MAX_POSITIONS = 8  # learnt acceptance is exported for the first draft positions
+
+
+@dataclass
+class Counters:
+    """Cumulative since the daemon started (Prometheus counters reset on restart)."""
+    batches: Counter = field(default_factory=Counter)  # result -> batches
+    rejected: Counter = field(default_factory=Counter)  # reason -> requests refused
+    requests: Counter = field(default_factory=Counter)  # (pair, workload) -> requests
+    output_tokens: Counter = field(default_factory=Counter)
+    proposed: Counter = field(default_factory=Counter)
+    accepted: Counter = field(default_factory=Counter)
+    steps: Counter = field(default_factory=Counter)  # (pair, workload, drafter) -> steps
+    step_records: int = 0
+    reloads: Counter = field(default_factory=Counter)  # result -> reloads
+    params_requests: int = 0
+    bandwidth_utilisation: dict = field(default_factory=dict)  # pair -> last batch's mean
+
+
+class Scraped(Protocol):
+    """What a scrape reads of the daemon's state (DaemonState, daemon/state.py)."""
+    counters: Counters
+    policy: Policy
+    snapshots: dict[tuple[str, str], dict]  # (pair, hardware) -> the learners' snapshot
 
 
 class StateCollector(Collector):
     """The families read from DaemonState at each scrape."""
 
-    def __init__(self, state: DaemonState):
+    def __init__(self, state: Scraped):
         self.state = state
 
     def collect(self):
@@ -35,7 +60,7 @@ def _family(name: str, kind: str, help_text: str, samples):
     return family
 
 
-def _families(state: DaemonState):
+def _families(state: Scraped):
     c = state.counters
     yield _family("autospec_telemetry_batches_total", "counter",
                   "Telemetry batches acknowledged, by result (stored, or duplicate of a stored batch).",
@@ -81,7 +106,7 @@ def _families(state: DaemonState):
                   [({}, c.params_requests)])
 
 
-def _positions(state: DaemonState):
+def _positions(state: Scraped):
     for (pair, hardware), snapshot in sorted(state.snapshots.items()):
         for workload, per_drafter in sorted(snapshot["acceptance"].items()):
             for drafter, est in sorted(per_drafter.items()):

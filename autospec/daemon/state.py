@@ -1,5 +1,5 @@
 """What the daemon holds: the store, the policy in force, a Learner per (model pair, hardware),
-and the counters /metrics exposes.
+and the counters /metrics exposes (`Counters`, daemon/metrics.py).
 
 Threading: every mutation (ingest, learner updates, flushes, policy reloads) runs on one
 worker thread (`DaemonState.worker`), so none of it needs a lock against itself. The event
@@ -24,15 +24,13 @@ import json
 import logging
 import os
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from autospec.daemon.learner import Learner, fleet_batch_cost, fleet_estimates
-from autospec.daemon.metrics import StateCollector
+from autospec.daemon.metrics import Counters, StateCollector
 from autospec.daemon.outputs import OutputLog
 from autospec.policy import Policy, PolicyError, load_policy, parameters_to_dict, parse_policy
 from autospec.store import Store
@@ -42,22 +40,6 @@ from autospec.telemetry import UNLABELLED, RequestRecord
 log = logging.getLogger("autospec.daemon")
 
 DEFAULT_POLICY_TEXT = "schema_version: 1\n"  # the code's defaults, when no file is given
-
-
-@dataclass
-class Counters:
-    """Cumulative since the daemon started (Prometheus counters reset on restart)."""
-    batches: Counter = field(default_factory=Counter)  # result -> batches
-    rejected: Counter = field(default_factory=Counter)  # reason -> requests refused
-    requests: Counter = field(default_factory=Counter)  # (pair, workload) -> requests
-    output_tokens: Counter = field(default_factory=Counter)
-    proposed: Counter = field(default_factory=Counter)
-    accepted: Counter = field(default_factory=Counter)
-    steps: Counter = field(default_factory=Counter)  # (pair, workload, drafter) -> steps
-    step_records: int = 0
-    reloads: Counter = field(default_factory=Counter)  # result -> reloads
-    params_requests: int = 0
-    bandwidth_utilisation: dict = field(default_factory=dict)  # pair -> last batch's mean
 
 
 class DaemonState:
