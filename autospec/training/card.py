@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from autospec.training.target import load_target
+
 
 def write_card(out_dir: Path, target=None) -> dict:
     """Measure the saved draft's decode cost against the target's (float32, as the engine
@@ -15,7 +17,6 @@ def write_card(out_dir: Path, target=None) -> dict:
     from autospec.models.shared_draft import load_shared_draft
     card = json.loads((out_dir / "card.json").read_text())
     if target is None:
-        from autospec.training.distill import load_target
         target = load_target()[0]
     draft = load_shared_draft(out_dir, target, torch.float32)
     t_cost, d_cost = decode_seconds_per_token(target), decode_seconds_per_token(draft)

@@ -36,6 +36,7 @@ from tqdm import tqdm
 from autospec.models.shared_draft import own_state
 from autospec.training.card import save_draft, write_card
 from autospec.training.loop import train_steps
+from autospec.training.target import load_target
 from autospec.paths import SMOLLM2_SHIPPED_DIR, build_dir, smollm2_dir
 
 
@@ -78,16 +79,6 @@ RECIPES = {"smollm2-draft": (RECIPE, "draft"), "smollm2-exit": (EXIT_RECIPE, "ex
 
 def work_dir() -> Path:
     return build_dir("smollm2-draft")
-
-
-def load_target():
-    """The fetched SmolLM2 target (float32) and its tokenizer; where it is missing, the pair
-    table's error names the fetch command."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from autospec.models.pairs import named_pair
-    path, _ = named_pair("smollm2").locate()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), tokenizer
 
 
 # -- 1. prompts -----------------------------------------------------------------------------

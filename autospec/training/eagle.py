@@ -162,7 +162,8 @@ def load_rows(out: Path, n_prompts: int, recipe: EagleRecipe) -> dict[int, dict]
 def build(out_dir: Path | None = None, quiet: bool = False, log=print, stage: str = "all",
           threads: int | None = None, recipe: EagleRecipe = RECIPE) -> dict:
     """stage: "answers" (the target's answers and features only), "train", "all"."""
-    from autospec.training.distill import DistillRecipe, load_target, training_prompts
+    from autospec.training.distill import DistillRecipe, training_prompts
+    from autospec.training.target import load_target
     torch.set_num_threads(threads or os.cpu_count() or 1)
     work = work_dir()
     work.mkdir(parents=True, exist_ok=True)
