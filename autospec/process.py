@@ -65,3 +65,12 @@ def spawn(args: list[str], log: Path, env: dict | None = None, timeout: float = 
         raise StartError(f"autospec {args[0]} did not start (exit code {popen.returncode}, "
                          f"first line {line.strip()!r}); its log {log}:\n{tail}")
     return Child(popen, line.strip().rsplit(READY, 1)[1], Path(log))
+
+
+def start_daemon(tmp: Path, flush: float = 2.0) -> tuple[subprocess.Popen, str]:
+    """`autospec daemon` on a Unix socket in `tmp`, with a fresh SQLite store there (the daemon
+    benchmarks', bench/daemon_measure.py and bench/soak.py): the child and its socket."""
+    sock = tmp / "daemon.sock"
+    child = spawn(["daemon", "--listen", f"unix:{sock}", "--db", f"sqlite:///{tmp / 'store.db'}",
+                   "--flush-interval", str(flush), "--log-level", "warning"], tmp / "daemon.log")
+    return child.popen, str(sock)

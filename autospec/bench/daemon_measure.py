@@ -19,14 +19,14 @@ import os
 import signal
 import sqlite3
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
-from autospec.process import spawn
+from autospec.bench.soak import soak
+from autospec.process import spawn, start_daemon
 from autospec.telemetry import StepRecord, summarise
 
 
@@ -35,13 +35,6 @@ def synthetic_record(request_id: str, steps: int) -> dict:
                        min(i % 5, 4) + 1, 2e-4, 8e-3, 5, 100 + 3 * i, 30_000_000, 3.5)
             for i in range(steps)]
     return summarise(request_id, 100, rows, 1.0, "copy-heavy" if steps % 2 else "prose").to_dict()
-
-
-def start_daemon(tmp: Path, flush: float = 2.0) -> tuple[subprocess.Popen, str]:
-    sock = tmp / "daemon.sock"
-    child = spawn(["daemon", "--listen", f"unix:{sock}", "--db", f"sqlite:///{tmp / 'store.db'}",
-                   "--flush-interval", str(flush), "--log-level", "warning"], tmp / "daemon.log")
-    return child.popen, str(sock)
 
 
 async def _post(session, body: bytes) -> int:
@@ -290,7 +283,6 @@ def main() -> None:
         elif args.what == "serve":
             result = serve_overhead(tmp, args.prompts, args.max_tokens)
         elif args.what == "soak":
-            from autospec.bench.soak import soak
             result = soak(tmp, args.minutes, args.clients, args.pair, args.max_tokens)
         else:
             result = serve_load(tmp, args.clients, args.max_tokens, args.method, args.pair,

@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from autospec.process import spawn
+from autospec.process import spawn, start_daemon
 
 CANCEL_EVERY = 10  # every 10th request is cancelled after its first chunks
 LONG_EVERY = 10  # and every 10th (offset by 5) nearly fills a row
@@ -100,7 +100,6 @@ class _Client(threading.Thread):
 
 def soak(tmp: Path, minutes: float, clients: int, pair: str = "reference",
          max_tokens: int = 96) -> dict:
-    from autospec.bench.daemon_measure import start_daemon
     prompts, long_prompt, long_tokens = _prompts(pair)
     daemon, sock = start_daemon(tmp)
     serve = spawn(["serve", "--pair", pair, "--port", "0", "--daemon", f"unix:{sock}",
