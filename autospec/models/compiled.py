@@ -21,7 +21,7 @@ torch.compile 20.3, this 15.8-17 ms).
 Shapes. The row's cache (1, kv_heads, capacity, head_dim) and the start (a 0-d tensor) are
 dynamic, so one library serves every context and capacity. One library per width bucket
 (`bucket`): one token (a plain step, no mask), and a verify's 2 .. MAX_WIDTH tokens — at int4
-up to INT4_WIDEST, its products all by the int4 kernel (wider, forward.py's oneDNN over the
+up to INT4_WIDEST, its products all by the int4 kernel (wider, products.py's oneDNN over the
 blocks' values is faster). Other widths (a prompt, a long int4 verify) run eager.
 
 The first start compiles each bucket when first met (a line on stderr each, ~10-25 s); a
@@ -67,7 +67,7 @@ def enabled() -> bool:
 
 def bucket(width: int, int4: bool) -> int | None:
     """The library a one-row forward of `width` tokens runs: 0 one token, 1 a verify; None
-    eager (wider than MAX_WIDTH, at int4 than INT4_WIDEST: forward.py's oneDNN)."""
+    eager (wider than MAX_WIDTH, at int4 than INT4_WIDEST: products.py's oneDNN)."""
     if width == 1:
         return 0
     return 1 if width <= (INT4_WIDEST if int4 else MAX_WIDTH) else None

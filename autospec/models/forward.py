@@ -8,12 +8,10 @@ weight at a third to a half of the speed it reads it for one (SmolLM2's head: 13
 token, 3.5-5.5 at 2-9). `llama_forward` computes the same function (the same modules'
 weights; the same norm, rotary and attention arithmetic, `rows_attention` for the rows) in a
 plain loop: a layer's Q, K and V in one product, its gate and up in one (their weights
-stacked), Q and K rotated together; products by a large weight (`MIN_PACKED`; for one token
-`MIN_PACKED_ONE`) by oneDNN over the weight reordered once into a blocked layout (`_Weights`:
-15-22 GB/s at 1-3 tokens, 13-16 at 5-9; a copy of those weights, made on first use and again
-when a weight changes — SmolLM2 in float32: ~0.5 GB more). One forward against transformers'
-on the same RowCache: SmolLM2 one row 61 against 70 ms, a 3-token verify 58-71 against
-120-143, 16 rows 117-122 against 165-177. What it reads of the model
+stacked), Q and K rotated together; products by a large weight by oneDNN over the weight
+reordered once into a blocked layout (`Product`, models/products.py). One forward against
+transformers' on the same RowCache: SmolLM2 one row 61 against 70 ms, a 3-token verify 58-71
+against 120-143, 16 rows 117-122 against 165-177. What it reads of the model
 (modules, weights, head counts) it looks up once (`_Plan`), checked each forward in one pass;
 a one-token step at one row attends without a mask (`one_row_attention`), and in float32
 the norm is torch's rms_norm (both the same bits): a one-row one-token forward of the
@@ -37,8 +35,8 @@ from torch import nn
 from autospec.models.attention import ROWS_ATTENTION, Packing, one_row_attention, rows_attention
 from autospec.models.compiled import one_row_graph
 from autospec.models.plan import ForwardBatch
+from autospec.models.products import Product
 from autospec.models.shared_draft import SubsetHead
-from autospec.models.weights import GROUP, blocks_of, int8_of, stack_blocks
 
 
 def fits(model: nn.Module) -> bool:
@@ -71,131 +69,6 @@ def _llama_layers_fit(cfg, rotary: nn.Module) -> bool:
             and cfg.hidden_act == "silu" and getattr(rotary, "attention_scaling", 1.0) == 1.0)
 
 
-class _Product:
-    """A product by one or more bias-free modules, their outputs side by side
-    (torch.cat([m(x) for m in modules], -1)): a layer's Q, K and V, its gate and up, in one
-    product by their weights stacked (`_Weights`). By a weight of at least MIN_PACKED elements
-    (MIN_PACKED_ONE for one token), on a CPU in float32 without autograd, by oneDNN over a copy
-    of the weight reordered once into its blocked layout; elsewhere F.linear."""
-
-    def __init__(self, *modules: nn.Linear):
-        self.modules = modules
-        self.weights = _weights(modules)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        modules, weights = self.modules, self.weights
-        if torch.is_grad_enabled() and any(m.weight.requires_grad for m in modules):
-            return torch.cat([F.linear(x, m.weight) for m in modules], -1)  # gradients reach each
-        flat = x.reshape(-1, x.shape[-1])
-        if weights.int8 is not None and x.dtype == torch.bfloat16 and flat.shape[0] < INT8_ROWS:
-            out = torch._weight_int8pack_mm(flat.contiguous(), *weights.int8)
-            return out.view(*x.shape[:-1], out.shape[-1])
-        if weights.int4 and x.dtype == torch.bfloat16 and flat.shape[0] < INT4_ROWS:
-            values, scales = weights.int4_packed(modules)
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), values, GROUP, scales)
-            return out.view(*x.shape[:-1], out.shape[-1])
-        floor = MIN_PACKED if x.numel() > x.shape[-1] else MIN_PACKED_ONE
-        if not (weights.packs and weights.size >= floor and x.dtype == weights.dtype):
-            return F.linear(x, weights.plain(modules))
-        out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), weights.packed(modules), None,
-                                                 "none", [], "")
-        return out.view(*x.shape[:-1], out.shape[-1])
-
-
-class _Weights:
-    """One product's weight, the modules' stacked: made when first read, again when a module's
-    weight changed (its address or version). Only the forms read are kept: a stacked plain
-    copy where F.linear reads it (weights under the oneDNN floors: small), the oneDNN copy where
-    oneDNN does; a single module's plain weight is its own."""
-
-    def __init__(self, modules: tuple[nn.Linear, ...]):
-        self.key = _key(modules)
-        self.size = sum(m.weight.numel() for m in modules)
-        weight = modules[0].weight
-        self.dtype = weight.dtype
-        self.packs = PACKS and weight.dtype in PACKED_DTYPES and weight.device.type == "cpu"
-        # int4 where every module carries blocks (models/weights.py): the kernel's forms
-        self.int4 = all(blocks_of(m) is not None for m in modules) and weight.device.type == "cpu"
-        # an 8-bit head (models/weights.py): its values and row scales, for one row
-        self.int8 = int8_of(modules[0]) if len(modules) == 1 and weight.device.type == "cpu" else None
-        self._plain: torch.Tensor | None = None
-        self._packed: torch.Tensor | None = None
-        self._int4: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def plain(self, modules: tuple[nn.Linear, ...]) -> torch.Tensor:
-        if self._plain is None:
-            self._plain = _stack(modules)
-        return self._plain
-
-    def packed(self, modules: tuple[nn.Linear, ...]) -> torch.Tensor:
-        if self._packed is None:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(_stack(modules), PACK_HINT)
-        return self._packed
-
-    def int4_packed(self, modules: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stacked modules' packed 4-bit values and bfloat16 scales and zeros (their
-        outputs side by side, as stacking along N gives)."""
-        if self._int4 is None:  # packed once stacked: the packing interleaves blocks of rows
-            self._int4 = stack_blocks([blocks_of(m) for m in modules]).packed()
-        return self._int4
-
-
-def _key(modules: tuple[nn.Linear, ...]) -> tuple:
-    return tuple((m.weight.data_ptr(), m.weight._version) for m in modules)
-
-
-def _stack(modules: tuple[nn.Linear, ...]) -> torch.Tensor:
-    with torch.no_grad():
-        weights = [m.weight.detach() for m in modules]
-        return weights[0] if len(weights) == 1 else torch.cat(weights)
-
-
-def _weights(modules: tuple[nn.Linear, ...]) -> _Weights:
-    """The product's `_Weights`, kept by its first module and the number stacked."""
-    kept = _PRODUCTS.get(modules[0])
-    if kept is None:
-        kept = _PRODUCTS[modules[0]] = {}
-    weights = kept.get(len(modules))
-    if weights is None or weights.key != _key(modules):
-        weights = kept[len(modules)] = _Weights(modules)
-    return weights
-
-
-# first module -> {modules stacked: _Weights}; beside the modules, not on them: an opaque
-# oneDNN tensor cannot be deep-copied, saved or moved as a module's own tensors are
-_PRODUCTS: "weakref.WeakKeyDictionary[nn.Module, dict[int, _Weights]]" = weakref.WeakKeyDictionary()
-
-
-# oneDNN's reorder takes the batch it is laid out for; 2-32 read SmolLM2's and the reference
-# pair's weights alike (within the spread) from 1 to 33 tokens, 1 at half that speed from 2
-# tokens up (GB/s of weight read, SmolLM2's MLP and head shapes, each hint against the others)
-PACK_HINT = 4
-# weights of fewer elements stay with F.linear: a oneDNN call costs ~30 us whatever its size
-# (a 16 x 16 weight at 3 tokens 32 against 4.4 us; 320 x 320, the reference pair's attention,
-# 62 against 55), which a larger weight's faster read repays (864 x 320: 61 against 123 us)
-MIN_PACKED = 1 << 18
-# one token (a plain step at batch 1) by oneDNN only from weights of this many elements:
-# SmolLM2's MLP and head (0.9M, 28M), the reference pair's head (1.3M), not its MLP (0.28M).
-# A one-row forward at one token, medians of 8 rounds of 10 (ms, F.linear for one token /
-# oneDNN from 2^18 / from 2^19 elements): SmolLM2 76.6 / 69.6 / 69.0, the reference pair
-# 10.9 / 11.3 / 10.5 (oneDNN's reads: SmolLM2's head 19-22 GB/s against F.linear's 11)
-MIN_PACKED_ONE = 1 << 19
-PACKS = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-# an int4 product by the int4 kernel below this many rows (tokens of all rows), by oneDNN over
-# the blocks' values in bfloat16 from it: the kernel's time grows with the rows as oneDNN's
-# does not. SmolLM2's four products of a layer (us, int4 / bfloat16): 1 row 124 / 173, 4 rows
-# 218 / 233, 6 rows 364 / 209, 16 rows 724 / 381, 64 rows 2776 / 1167; quiet, 2 threads
-INT4_ROWS = 5
-# an 8-bit head (int4's) by torch's 8-bit kernel below this many rows, by oneDNN over its
-# values in bfloat16 from it: SmolLM2's head, 1 thread, ms (8-bit / oneDNN): 1 row 2.1 / 4.9,
-# 3 rows 3.9 / 4.7, 5 rows 6.7 / 3.8
-INT8_ROWS = 2
-# the weights oneDNN's prepacked products take: float32, and bfloat16 (--weights bfloat16,
-# and an int4 model's head): SmolLM2's 121 products at one row 13.8 ms against 28.6 in
-# float32 and 22.8 by F.linear in bfloat16, quiet machine, 2 threads
-PACKED_DTYPES = (torch.float32, torch.bfloat16)
-
-
 class _Layer:
     """One decoder layer as llama_forward reads it; `members` gathers what was read."""
 
@@ -209,16 +82,16 @@ class _Layer:
         self.heads, self.kv_heads = q.out_features // attn.head_dim, k.out_features // attn.head_dim
         self.input_norm = _read(members, layer, "input_layernorm", "weight")
         self.post_norm = _read(members, layer, "post_attention_layernorm", "weight")
-        self.qkv, self.o = _Product(q, k, v), _Product(o)
-        self.gate_up, self.down = _Product(gate, up), _Product(down)
+        self.qkv, self.o = Product(q, k, v), Product(o)
+        self.gate_up, self.down = Product(gate, up), Product(down)
         self.split = gate.out_features
 
 
 class _Plan:
     """What llama_forward reads of a model, looked up once: per layer its norms' weights, its
     products and head counts, the final norm, the head. Read through nn.Module attributes
-    (~1 us each) and checked per product (`_weights`, 3-8 us) every step, they cost about a
-    tenth of the reference pair's one-token step. `current` says whether the plan still
+    (~1 us each) and checked per product (products.py `_weights`, 3-8 us) every step, they
+    cost about a tenth of the reference pair's one-token step. `current` says whether the plan still
     holds: every module and weight it read is where it was (the same object in its parent's
     dict), each weight at the same address and version (an in-place change, a move)."""
 
@@ -230,7 +103,7 @@ class _Plan:
         layers = _read(members, base, "layers")
         self.layers = [_Layer(_read(members, layers, str(i)), members) for i in range(len(layers))]
         self.norm = _read(members, base, "norm", "weight")
-        self.head = _Product(_read(members, model, "lm_head"))
+        self.head = Product(_read(members, model, "lm_head"))
         _read(members, model.lm_head, "weight")
         # a shared draft's head scores a subset (its weight's rows): widened to the vocabulary
         self.subset = model.lm_head if isinstance(model.lm_head, SubsetHead) else None
@@ -263,11 +136,11 @@ class _HeadPlan(_Plan):
 
     def __init__(self, head: nn.Module):
         members: list = []
-        self.fc = _Product(_read(members, head, "fc"))
+        self.fc = Product(_read(members, head, "fc"))
         _read(members, head.fc, "weight")
         self.layer = _Layer(_read(members, head, "layer"), members)
         self.norm = _read(members, head, "norm", "weight")
-        self.head = _Product(_read(members, head, "lm_head"))
+        self.head = Product(_read(members, head, "lm_head"))
         _read(members, head.lm_head, "weight")
         self.embed, self.rotary = head.embed, head.rotary
         self.eps = head.config.rms_norm_eps
@@ -292,7 +165,8 @@ def _plan(model: nn.Module, kind: type = _Plan) -> _Plan:
     return plan
 
 
-# model -> its _Plan; beside the model, as _PRODUCTS is (a plan holds oneDNN tensors)
+# model -> its _Plan; beside the model, as products.py's _PRODUCTS is (a plan holds oneDNN
+# tensors)
 _PLANS: "weakref.WeakKeyDictionary[nn.Module, _Plan]" = weakref.WeakKeyDictionary()
 
 
@@ -339,7 +213,7 @@ def llama_forward(model: nn.Module, batch: ForwardBatch, cache, output_hidden_st
     return (logits, hidden) if output_hidden_states else logits
 
 
-def step_products(model: nn.Module) -> list[tuple[str, "_Product", int]]:
+def step_products(model: nn.Module) -> list[tuple[str, "Product", int]]:
     """The products a one-token forward of `model` runs, as it runs them: ("layers" or "head",
     the product, its input width) — for bench's step profile (bench/roofline.py); [] for a
     model this forward does not compute."""

@@ -3,7 +3,7 @@ products by oneDNN round differently in the last bits: close, and the same argma
 import pytest
 import torch
 
-from autospec.models import forward
+from autospec.models import forward, products
 from autospec.models.attention import pack_rows
 from autospec.models.eagle_head import EagleHead
 from autospec.models.forward import fits
@@ -25,8 +25,8 @@ STEPS = [
 @pytest.fixture(autouse=True)
 def every_product_by_onednn(monkeypatch):
     """These models' weights are below MIN_PACKED: oneDNN for them too, as for SmolLM2's."""
-    monkeypatch.setattr(forward, "MIN_PACKED", 0)
-    monkeypatch.setattr(forward, "MIN_PACKED_ONE", 0)
+    monkeypatch.setattr(products, "MIN_PACKED", 0)
+    monkeypatch.setattr(products, "MIN_PACKED_ONE", 0)
 
 
 def _forwards(model, ours: bool, keep_hidden: bool):

@@ -13,7 +13,7 @@ from autospec.engine.loop import Engine
 from autospec.engine.jobs import Job
 from autospec.models import weights
 from autospec.models.gguf import read_gguf_blocks
-from autospec.models.forward import _Product
+from autospec.models.products import Product
 from autospec.models import ModelLoadError
 from autospec.models.pair import load_pair, weight_bytes
 from autospec.models.sampling import SamplingParams
@@ -75,7 +75,7 @@ def test_gguf_blocks_are_the_values_gguf_dequantizes(tmp_path, kind):
 def test_int4_products_are_the_blocks_values_and_rows_do_not_interact():
     """Below INT4_ROWS rows by the int4 kernel, a row's output the same bits at any row count;
     from it by oneDNN over the blocks' values in bfloat16: both the blocks' function."""
-    from autospec.models.forward import INT4_ROWS
+    from autospec.models.products import INT4_ROWS
     torch.manual_seed(0)
     gate, up = torch.nn.Linear(64, 96, bias=False), torch.nn.Linear(64, 48, bias=False)
     model = torch.nn.Sequential(gate, up)
@@ -84,11 +84,11 @@ def test_int4_products_are_the_blocks_values_and_rows_do_not_interact():
     x = torch.randn(INT4_ROWS + 3, 64).to(torch.bfloat16)
     with torch.inference_mode():
         for rows in (INT4_ROWS - 1, INT4_ROWS + 3):
-            out = _Product(gate, up)(x[:rows])
+            out = Product(gate, up)(x[:rows])
             want = torch.cat([x[:rows].float() @ b.t() for b in blocks], -1)
             torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0.01)
-        few = _Product(gate, up)(x[:INT4_ROWS - 1])
-        assert torch.equal(_Product(gate, up)(x[:1])[0], few[0])  # one row = a row of several
+        few = Product(gate, up)(x[:INT4_ROWS - 1])
+        assert torch.equal(Product(gate, up)(x[:1])[0], few[0])  # one row = a row of several
         # below INT4_ROWS it is the int4 kernel over the stacked blocks, not a bfloat16 product
         values, scales = weights.stack_blocks([weights.blocks_of(m) for m in (gate, up)]).packed()
         kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(x[:INT4_ROWS - 1], values,
@@ -117,7 +117,8 @@ def test_the_8_bit_head_runs_the_8_bit_kernel_for_one_row_its_values_for_more():
     head = i4.lm_head
     values, scales = weights.int8_of(head)
     x = torch.randn(3, head.in_features).to(torch.bfloat16)
-    from autospec.models.forward import INT8_ROWS, step_products
+    from autospec.models.forward import step_products
+    from autospec.models.products import INT8_ROWS
     (_, product, _), = [p for p in step_products(i4) if p[0] == "head"]
     assert torch.equal(product(x[:1]), torch._weight_int8pack_mm(x[:1], values, scales))
     assert INT8_ROWS <= 3  # more rows: oneDNN over the values in bfloat16, the same function
