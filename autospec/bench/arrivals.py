@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from autospec.bench.harness import Prompt, prompt_ids
+from autospec.bench.prompts import Prompt, prompt_ids
 from autospec.bench.load import _ms, _percentile_ms
 from autospec.bench.methods import fresh_history
 from autospec.controller.factory import make_controller

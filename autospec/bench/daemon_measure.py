@@ -125,7 +125,7 @@ def serve_overhead(tmp: Path, prompts: int, max_tokens: int) -> dict:
     import urllib.request
 
     import autospec
-    from autospec.bench.harness import load_prompts
+    from autospec.bench.prompts import load_prompts
     from autospec.models.pairs import PAIRS
     from autospec.controller.interface import StaticController
     proc, sock = start_daemon(tmp)
@@ -171,7 +171,7 @@ def serve_load(tmp: Path, clients: int, max_tokens: int, method: str = "plain",
     import urllib.request
 
     import autospec
-    from autospec.bench.harness import load_prompts, prompt_ids
+    from autospec.bench.prompts import load_prompts, prompt_ids
     from autospec.controller.factory import make_controller
     from autospec.engine.loop import Engine
     from autospec.engine.request import Job

@@ -12,13 +12,13 @@ import platform
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
 from autospec.bench.methods import make_runner
+from autospec.bench.prompts import Prompt, prompt_ids
 from autospec.bench.runner import RunResult
 from autospec.bench.roofline import peaks, roofline
 from autospec.controller.formulas import speedup
@@ -29,66 +29,6 @@ from autospec.models.weights import format_of
 from autospec.telemetry import acceptance_per_position
 
 OVERALL = "overall"
-
-
-@dataclass
-class Prompt:
-    """One workload row: a plain `prompt`, or a chat (`messages`) for the target's template."""
-    id: str
-    prompt: str | None
-    category: str
-    max_new_tokens: int | None = None
-    messages: tuple[dict, ...] | None = None
-
-
-def prompt_ids(engine: Engine, p: Prompt) -> list[int]:
-    """The row's token ids: the prompt encoded, or the chat rendered (autospec/models/chat.py)."""
-    if p.messages is not None:
-        from autospec.models.chat import encode_chat
-        return encode_chat(engine.models, p.messages)
-    return engine.encode(p.prompt)
-
-
-def load_prompts(path: Path) -> list[Prompt]:
-    """Read a workload JSONL; each error names the file, the line and the field."""
-    from autospec.models.chat import ChatError, check_messages
-    prompts = []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ValueError(f"cannot read prompts '{path}': {exc.strerror}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{n}: expected an object")
-        if not isinstance(row.get("id"), str) or not row["id"]:
-            raise ValueError(f"{path}:{n}: field 'id' must be a non-empty string")
-        messages = None
-        if "messages" in row:
-            if "prompt" in row:
-                raise ValueError(f"{path}:{n}: give 'prompt' or 'messages', not both")
-            try:
-                messages = check_messages(row["messages"])
-            except ChatError as exc:
-                raise ValueError(f"{path}:{n}: {exc}") from None
-        elif "prompt" not in row:
-            raise ValueError(f"{path}:{n}: give 'prompt' (a string) or 'messages' (a chat)")
-        elif not isinstance(row["prompt"], str) or not row["prompt"]:
-            raise ValueError(f"{path}:{n}: field 'prompt' must be a non-empty string")
-        if not isinstance(row.get("category"), str) or not row["category"]:
-            raise ValueError(f"{path}:{n}: field 'category' must be a non-empty string")
-        limit = row.get("max_new_tokens")
-        if limit is not None and (not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"{path}:{n}: field 'max_new_tokens' must be a positive integer")
-        prompts.append(Prompt(row["id"], row.get("prompt"), row["category"], limit, messages))
-    if not prompts:
-        raise ValueError(f"{path}: no prompts")
-    return prompts
 
 
 @dataclass

@@ -41,7 +41,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from autospec.bench.harness import OVERALL, Cell, Prompt, cell_stats, prompt_ids
+from autospec.bench.harness import OVERALL, Cell, cell_stats
+from autospec.bench.prompts import Prompt, prompt_ids
 from autospec.models.ties import logprob_verdict, verdict
 from autospec.bench.methods import fresh_history, hf_generate
 from autospec.bench.runner import RunResult

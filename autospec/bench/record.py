@@ -27,7 +27,7 @@ def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
            max_new_tokens: int = 128, progress=None, batch_rows: int = 16) -> Trace:
     """Greedy only. For every prompt: the plain output, then each drafter's matches; the
     forward's costs at batch 1 and over `batch_rows` rows (0: not)."""
-    from autospec.bench.harness import prompt_ids
+    from autospec.bench.prompts import prompt_ids
     draft_times: dict[str, list[float]] = {d: [] for d in drafters}
     requests, live = [], []
     live_draft: dict[str, list[float]] = {}  # a model drafter's seconds per token, live

@@ -42,7 +42,7 @@ def _prompts(pair: str) -> tuple[list[str], str, int]:
     from importlib.resources import files
 
     import autospec
-    from autospec.bench.harness import load_prompts
+    from autospec.bench.prompts import load_prompts
     workloads = Path(str(files("autospec.configs") / "workloads"))
     prompts = [p.prompt for name in ("reference", "agentic")
                for p in load_prompts(workloads / f"{name}.jsonl")]

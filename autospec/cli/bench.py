@@ -97,7 +97,8 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
           record_path, record_k_max, concurrency, plot_path, schedule, rows, engine_name, k_limit,
           prefill_chunk, pair, target, draft, weights, drafter_options, profile):
     """Measure methods side by side on a workload; print a table, optionally write JSON."""
-    from autospec.bench.harness import load_prompts, run_bench
+    from autospec.bench.harness import run_bench
+    from autospec.bench.prompts import load_prompts
     from autospec.bench.table import format_table
     from autospec.method import parse_methods
     from autospec.models.pairs import DEFAULT_PAIR, named_pair
@@ -169,7 +170,7 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
         from autospec.bench.arrivals import format_arrivals_table
         click.echo("\n" + format_arrivals_table(report["arrivals"]))
     if profile:
-        from autospec.bench.harness import prompt_ids
+        from autospec.bench.prompts import prompt_ids
         from autospec.bench.roofline import format_step_profile, peaks, step_profile
         report["step_profile"] = {}
         for w, e in engines.items():

@@ -31,7 +31,7 @@ def demo(prompts_path, limit, max_tokens, db, pair, target, draft, weights):
 
     from tqdm import tqdm
 
-    from autospec.bench.harness import load_prompts
+    from autospec.bench.prompts import load_prompts
     from autospec.demo import DemoError, format_summary, run_demo
     from autospec.models.pairs import DEFAULT_PAIR, named_pair
 

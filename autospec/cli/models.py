@@ -131,7 +131,7 @@ def quality(pair_name: str, weights: list[str], limit: int | None, max_new_token
     near-tie). autospec/models/quality.py."""
     import json
 
-    from autospec.bench.harness import load_prompts, prompt_ids
+    from autospec.bench.prompts import load_prompts, prompt_ids
     from autospec.cli.options import load_engines
     from autospec.models.pairs import named_pair
     from autospec.models.quality import format_quality, measure

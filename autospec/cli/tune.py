@@ -147,7 +147,7 @@ def _sweep(study_name, url, n_trials, timeout, trace_paths, workload_path, space
 def _source(trace_paths, workload_path, max_new_tokens, model):
     from autospec.tune.objective import LiveObjective, ReplayObjective, load_traces
     if workload_path:
-        from autospec.bench.harness import load_prompts
+        from autospec.bench.prompts import load_prompts
         from autospec.cli.options import load_engine
         prompts = load_prompts(workload_path)
         return LiveObjective(load_engine(*model), prompts, str(workload_path), max_new_tokens)

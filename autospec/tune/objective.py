@@ -73,14 +73,14 @@ class ReplayObjective:
 @dataclass
 class LiveObjective:
     engine: object  # engine.loop.Engine
-    prompts: list  # bench.harness.Prompt
+    prompts: list  # bench.prompts.Prompt
     workload_path: str
     max_new_tokens: int = 128
     chunk: int = 4
     kind: str = field(default="live", init=False)
 
     def __post_init__(self):
-        from autospec.bench.harness import prompt_ids
+        from autospec.bench.prompts import prompt_ids
         m = self.engine.models
         self.ids = [prompt_ids(self.engine, p) for p in self.prompts]  # chat rows rendered
         self.available = available_drafters(m)

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from autospec.bench.arrivals import Schedule, Sent, arrival_jobs, arrivals_report, run_arrivals
-from autospec.bench.harness import OVERALL, Prompt, machine_info, prompt_ids
+from autospec.bench.harness import OVERALL, machine_info
+from autospec.bench.prompts import Prompt, prompt_ids
 from autospec.bench.load import LoadRun, method_stats, run_load
 from autospec.bench.runner import RunResult
 from autospec.method import Method, parse_method

@@ -116,7 +116,7 @@ def wait_for(predicate, timeout: float) -> bool:
 
 
 def main(argv=None) -> dict:
-    from autospec.bench.harness import load_prompts
+    from autospec.bench.prompts import load_prompts
     from autospec.models.pairs import named_pair
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", default="reference")

@@ -1,7 +1,7 @@
 """The shipped workloads load, have the categories they claim, and keep tuning and judging apart."""
 from collections import Counter
 
-from autospec.bench.harness import load_prompts
+from autospec.bench.prompts import load_prompts
 from conftest import REPO_ROOT
 
 WORKLOADS = REPO_ROOT / "configs" / "workloads"

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from autospec.bench.harness import Prompt
+from autospec.bench.prompts import Prompt
 from autospec.bench.trace import Trace, TraceRequest
 from autospec.bench.record import record
 from autospec.bench.recorded import replay

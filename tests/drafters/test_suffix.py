@@ -113,7 +113,7 @@ def test_agentic_workload_is_the_builders_output():
     built from; others may differ, and then only the shape is checked)."""
     from importlib.metadata import version
     from autospec.bench.agentic import VERSIONS_NOTE, agentic_rows
-    from autospec.bench.harness import load_prompts
+    from autospec.bench.prompts import load_prompts
     prompts = load_prompts(AGENTIC)
     assert [p.category for p in prompts[:3]] == ["tool-call", "test", "docstring"]
     assert Counter(p.category for p in prompts) == {"tool-call": 8, "test": 8, "docstring": 8}

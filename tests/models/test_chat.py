@@ -10,7 +10,7 @@ from chat_models import chat_target, chatml
 from clirun import invoke
 
 import autospec
-from autospec.bench.harness import load_prompts, prompt_ids
+from autospec.bench.prompts import load_prompts, prompt_ids
 from autospec.engine.loop import Engine
 from autospec.models import pairs
 from autospec.models import ModelLoadError

@@ -7,7 +7,7 @@ trained weights). Skipped, with the reason, where the package index cannot be re
 
 import pytest
 
-from autospec.bench.harness import load_prompts, prompt_ids
+from autospec.bench.prompts import load_prompts, prompt_ids
 from autospec.drafters.base import runnable_drafters
 from autospec.engine.loop import Engine
 from autospec.controller.interface import StaticController
