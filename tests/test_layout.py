@@ -1,5 +1,6 @@
-"""The package's rooms: no folder-level import cycle, and the layers below the engine import
-nothing above them (autospec/__init__.py draws the order)."""
+"""The package's rooms: no folder-level import cycle, no module-level one either (counting the
+imports inside functions), the layers below the engine import nothing above them
+(autospec/__init__.py draws the order), and no module over MAX_LINES lines."""
 import ast
 import re
 from pathlib import Path
@@ -9,6 +10,10 @@ import pytest
 from conftest import REPO_ROOT
 
 LAYERS = ["models", "drafters", "controller", "engine"]  # each imports only those before it
+# the package's folders: autospec/, and those pyproject.toml's package-dir maps into it
+PACKAGE_DIRS = {"autospec": "autospec", "autospec.store": "store", "autospec.kernels": "kernels",
+                "autospec.configs": "configs"}
+MAX_LINES = 400  # a module longer than this is split (each part a module of its own)
 
 
 def module_level(tree: ast.AST):
@@ -63,6 +68,88 @@ def cycles(edges: dict[str, set[str]]) -> list[set[str]]:
 def test_no_folder_level_import_cycle():
     assert cycles(room_graph(lazy=False)) == []
     assert cycles(room_graph()) == []
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package's __init__.py by the
+    package's), cli/ and training/ included."""
+    modules = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for path in (REPO_ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(REPO_ROOT / folder).with_suffix("").parts
+            if package == "autospec" and ".".join((package, parts[0])) in PACKAGE_DIRS:
+                continue
+            name = ".".join((package, *parts))
+            modules[name.removesuffix(".__init__")] = path
+    return modules
+
+
+def module_graph() -> dict[str, dict[str, int]]:
+    """module -> {module it imports: the import's line}, counting every import in the file:
+    at the top, inside functions, under TYPE_CHECKING. `from P import n` imports P.n where that
+    is a module, else P; a relative import is resolved against the importer's package."""
+    modules = package_modules()
+
+    def known(name: str) -> str | None:  # the module `name` is, or the nearest one holding it
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [known(alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(filter(None, [package.rsplit(".", node.level - 1)[0]
+                                                  if node.level > 1 else package, base]))
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules
+                           else known(base) for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                if target is not None and target != module:
+                    graph.setdefault(module, {}).setdefault(target, node.lineno)
+    return graph
+
+
+def shortest_circle(graph: dict[str, dict[str, int]], start: str) -> list[str]:
+    """The shortest circle of imports from `start` back to it: [start, ..., start]."""
+    came_from: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        module = todo.pop(0)
+        for target in sorted(graph.get(module, ())):
+            if target == start:
+                path = [module]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [*reversed(path), start]
+            if target not in came_from:
+                came_from[target] = module
+                todo.append(target)
+    return []
+
+
+def test_no_module_level_import_circle():
+    """No two modules import each other, directly or around a circle, not even through an
+    import inside a function: the shared piece lives in a module both import, or in the lower
+    one."""
+    graph = module_graph()
+    circles = [shortest_circle(graph, min(component))
+               for component in cycles({a: set(b) for a, b in graph.items()})]
+    assert not circles, "import circles (module -> module it imports, at that line):\n" + "\n".join(
+        " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(circle, circle[1:]))
+        + f" -> {circle[-1]}" for circle in circles)
+
+
+def test_every_module_is_at_most_max_lines_long():
+    long = {str(path.relative_to(REPO_ROOT)): lines for path in package_modules().values()
+            if (lines := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them): {long}"
 
 
 def test_the_lower_layers_import_only_layers_below_them():
