@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import deque
 
-
 import numpy as np
 
 DEFAULT_PRIOR_MEAN = 0.5  # acceptance before any evidence: no opinion either way
@@ -94,11 +93,6 @@ class AcceptanceEstimate:
         """(k_max,) discounted rejected counts per position."""
         return np.array(self._raw_b) * self._scale
 
-    def evidence_lists(self) -> tuple[list[float], list[float]]:
-        """(accepted, rejected) discounted counts per position, as Python floats."""
-        scale = self._scale
-        return [x * scale for x in self._raw_a], [x * scale for x in self._raw_b]
-
     def update(self, proposed: int, accepted: int) -> None:
         """One verified draft: positions 0..accepted-1 kept, position `accepted` (if proposed)
         rejected, later positions unobserved."""
@@ -118,12 +112,6 @@ class AcceptanceEstimate:
         self.total_a = self.total_a * d + kept
         self.total_b = self.total_b * d + rejected
         self._params = None
-
-    def update_many(self, proposed, accepted) -> None:
-        """`update` for each (proposed[i], accepted[i]) in order (each is O(accepted) in
-        Python floats: faster than a vectorised pass at the few dozen a request queues)."""
-        for p, a in zip(proposed, accepted):
-            self.update(int(p), int(a))
 
     def beta_lists(self) -> tuple[list[float], list[float]]:
         """(a, b), each k_max Python floats: the Beta parameters per position (cached until
@@ -145,10 +133,6 @@ class AcceptanceEstimate:
         if self._means is None:
             self._means = [x / (x + y) for x, y in zip(a, b)]
         return self._means
-
-    def first_observations(self) -> float:
-        """Discounted drafts observed at position 0 (every verified draft observes it)."""
-        return (self._raw_a[0] + self._raw_b[0]) * self._scale
 
     def beta(self) -> tuple[np.ndarray, np.ndarray]:
         """(a, b), each (k_max,): the Beta parameters per position."""
@@ -310,11 +294,6 @@ class CostModel:
         w, x, xx, y, xy = self._fit_sums
         self._sums = [w * f + 1.0, x * f + k, xx * f + k * k, y * f + seconds, xy * f + k * seconds]
         self.observed += 1
-
-    def observe_verify_many(self, verify_tokens, seconds) -> None:
-        """`observe_verify` for each step in order (the daemon folds a batch of records)."""
-        for tokens, step_seconds in zip(verify_tokens, seconds):
-            self.observe_verify(int(tokens), float(step_seconds))
 
     def seed(self, base: float, slope: float, weight: float = 4.0) -> None:
         """Start from a saved line v(K) = base + slope * K (a warm start), worth `weight`
