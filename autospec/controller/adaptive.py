@@ -34,7 +34,7 @@ from autospec.controller.learning import Learning, Snapshot
 from autospec.controller.request_state import _RequestState, _score
 from autospec.controller.settings import ControllerSettings
 from autospec.drafters.base import drafter_class
-from autospec.telemetry import UNLABELLED, StepRecord
+from autospec.telemetry import POOLED, UNLABELLED, StepRecord
 
 # rounds over which a drafter's start-up (its cache prefill) is spread: a drafter is expected to
 # serve a few rounds once switched to. A trace records no start-ups, so replay cannot judge
@@ -128,6 +128,8 @@ class AdaptiveController(Controller):
         observed (Calibration.reliability)."""
         out: dict[str, dict[str, list[dict]]] = {}
         for workload, per in sorted(self.learning.calibration.items()):
+            if workload == POOLED:  # the workloads' prior, not a workload
+                continue
             for drafter, calibration in sorted(per.items()):
                 if calibration.tokens():
                     out.setdefault(workload, {})[drafter] = calibration.reliability()

@@ -114,10 +114,15 @@ class Learning:
         return per[drafter]
 
     def calibration_of(self, workload: str, drafter: str) -> Calibration:
+        """The drafter's calibration for a workload, its prior the drafter's over every
+        workload (POOLED; autospec/confidence.py)."""
         per = self.calibration.setdefault(workload, {})
         if drafter not in per:
             per[drafter] = Calibration()
-        return per[drafter]
+        mine = per[drafter]
+        if workload != POOLED:
+            mine.parent = self.calibration_of(POOLED, drafter)
+        return mine
 
     # -- the one rule ------------------------------------------------------------------------
     def fold(self, record: StepRecord, workloads: tuple[str, ...], first_use: bool,
@@ -145,20 +150,25 @@ class Learning:
         else:
             self.costs.observe_draft(record.drafter, record.draft_seconds, record.proposed)
         # an empty proposal counts as a rejection at position 0: it bought nothing
+        pooled_too = POOLED not in workloads  # the daemon folds POOLED itself
         for workload in workloads:
             self.learn(workload, record.drafter, max(record.proposed, 1), record.accepted,
-                       record.confidences or confidences, means)
+                       record.confidences or confidences, means, pooled_too)
 
     def learn(self, workload: str, drafter: str, proposed: int, accepted: int,
-              confidences: list[float] | None = None, means: list[float] | None = None) -> None:
-        """A verified draft of `drafter`: its tokens' confidences into the calibration (before
-        the acceptance takes it: the calibration's prediction stays out of sample; `means`
-        the per-position means it predicts at, default the pooled ones), then the pooled
-        acceptance."""
+              confidences: list[float] | None = None, means: list[float] | None = None,
+              pooled_too: bool = True) -> None:
+        """A verified draft of `drafter`: its tokens' confidences into the workload's
+        calibration (before the acceptance takes it: the calibration's prediction stays out of
+        sample; `means` the per-position means it predicts at, default the pooled ones) and,
+        `pooled_too`, into the drafter's over every workload (the workloads' prior), then the
+        workload's pooled acceptance."""
         estimate = self.estimate(workload, drafter)
         if confidences:
-            self.calibration_of(workload, drafter).update(
-                confidences, accepted, means if means is not None else estimate.mean_list())
+            means = means if means is not None else estimate.mean_list()
+            if pooled_too and workload != POOLED:
+                self.calibration_of(POOLED, drafter).update(confidences, accepted, means)
+            self.calibration_of(workload, drafter).update(confidences, accepted, means)
         estimate.update(proposed, accepted)
 
     # -- handing it over ---------------------------------------------------------------------
@@ -191,14 +201,16 @@ class Learning:
                 mine.restore(saved["rates"], saved["observations"])
                 taken += 1
         for workload, per in snapshot.calibration.items():
-            key = pooled_as if workload == POOLED else workload
+            # the POOLED one is also every workload's prior here (calibration_of)
+            keys = {pooled_as, POOLED} if workload == POOLED else {workload}
             for drafter, saved in per.items():
                 if drafters is not None and drafter not in drafters:
                     continue
-                learnt = Calibration.from_state(saved)
-                own = self.calibration.get(key, {}).get(drafter)
-                if own is None or not only_if_richer or learnt.tokens() > own.tokens():
-                    self.calibration.setdefault(key, {})[drafter] = learnt
+                for key in keys:
+                    learnt = Calibration.from_state(saved)
+                    own = self.calibration.get(key, {}).get(drafter)
+                    if own is None or not only_if_richer or learnt.tokens() > own.tokens():
+                        self.calibration.setdefault(key, {})[drafter] = learnt
         if self.costs.observed == 0:
             for drafter, seconds in snapshot.draft_seconds_per_token.items():
                 self.costs.draft.setdefault(drafter, seconds)

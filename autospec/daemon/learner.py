@@ -64,7 +64,7 @@ class Learner:
     def observe(self, record: RequestRecord) -> None:
         """Fold one request's steps in, each by Learning.fold, into its workload's estimates
         and the pooled ones (an unlabelled request: the pooled ones only)."""
-        workloads = (POOLED, record.workload) if record.workload else (POOLED,)
+        workloads = (record.workload, POOLED) if record.workload else (POOLED,)
         used: set[str] = set()
         for step in record.step_records:
             self.learning.fold(step, workloads, step.drafter not in used)

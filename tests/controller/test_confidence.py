@@ -36,6 +36,33 @@ def test_a_bin_without_evidence_is_the_per_position_mean():
     assert 0.5 < top < 1.0 and calibration.p(0.1, 0.5) == 0.5
 
 
+def test_a_new_workload_starts_from_the_drafters_calibration_over_every_workload():
+    """Learning keeps each drafter's calibration over every workload (POOLED) as each
+    workload's prior: a workload seen for the first time predicts by what the drafter's
+    tokens showed elsewhere, not by the per-position mean; with nothing learnt anywhere, by
+    the mean (a new drafter decides as before)."""
+    from autospec.controller.learning import Learning
+    from autospec.telemetry import POOLED
+    learning = Learning(k_max=4)
+    assert learning.calibration_of("new", "draft-model").alphas([0.95, 0.05], [0.5, 0.5]) == [0.5, 0.5]
+    rng = random.Random(2)
+    for _ in range(2000):  # confident tokens always kept, unconfident ones never
+        confidences = [rng.choice([0.95, 0.05]) for _ in range(4)]
+        accepted = 0
+        while accepted < 4 and confidences[accepted] > 0.5:
+            accepted += 1
+        learning.learn("old", "draft-model", 4, accepted, confidences, [0.5] * 4)
+    assert learning.calibration_of(POOLED, "draft-model").tokens() == \
+        learning.calibration_of("old", "draft-model").tokens() > 0
+    high, low = learning.calibration_of("new", "draft-model").alphas([0.95, 0.05], [0.5, 0.5])
+    assert high > 0.99 and low < 0.01
+    # the daemon folds POOLED itself: its tokens are not counted twice
+    daemon = Learning(k_max=4)
+    daemon.learn("old", "ngram", 2, 1, [0.9, 0.1], [0.5] * 2, pooled_too=False)
+    daemon.learn(POOLED, "ngram", 2, 1, [0.9, 0.1], [0.5] * 2, pooled_too=False)
+    assert daemon.calibration_of(POOLED, "ngram").tokens() == 2
+
+
 def test_an_update_scores_tokens_only_as_far_as_the_first_rejection():
     calibration = Calibration()
     calibration.update([0.9, 0.9, 0.1, 0.1], 2, [0.5] * 4)  # two kept, the third rejected
