@@ -14,7 +14,7 @@ from autospec.bench.prompts import load_prompts, prompt_ids
 from autospec.engine.loop import Engine
 from autospec.models import pairs
 from autospec.models import ModelLoadError
-from autospec.models.pair import load_pair
+from autospec.models.pair import load_named_pair, load_pair
 from conftest import TEST_DATA
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):"}]
@@ -153,9 +153,9 @@ def test_smollm2_is_found_in_the_cache_and_keyed_by_name(tiny_dir, tmp_path, mon
     monkeypatch.setenv("AUTOSPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(pairs, "SMOLLM2_SHIPPED_DIR", tmp_path / "not-shipped-yet")
     with pytest.raises(ModelLoadError, match="autospec models fetch smollm2"):
-        pairs.load_named_pair("smollm2")
+        load_named_pair("smollm2")
     shutil.copytree(tiny_dir / "target", tmp_path / "cache" / "models" / "smollm2" / "target")
-    models = pairs.load_named_pair("smollm2")
+    models = load_named_pair("smollm2")
     assert models.draft is None and models.key == "smollm2"
     result = invoke(["generate", "--pair", "smollm2", "--prompt", "x = 1", "--max-new-tokens", "4",
                      "--drafter", "draft-model"])
