@@ -8,7 +8,7 @@ so they need no lock), admits waiting requests into free rows, and then advances
 row in one target forward (`Engine.advance`, the step `Engine.run` takes too).
 
 Admission is bounded twice: at most `max_batch` rows decode (the RowCache's slots) and at most
-`max_queue` requests wait for one. A request past both is refused at once (`QueueFull`, an
+`max_queue` requests wait for one beyond the rows that are free. A request past both is refused at once (`QueueFull`, an
 HTTP 429 with Retry-After) rather than queued without limit: a client can back off or go to
 another replica, and every request that was accepted is decoded, even through a shutdown
 (`close` lets the queue drain first).
@@ -74,6 +74,11 @@ class DecodeLoop:
         self.engine, self.max_queue = engine, max_queue
         self._wake = threading.Condition()
         self._waiting: deque[Ticket] = deque()
+        # rows no request holds, as the decode thread last counted them: the waiting requests
+        # take them first, so max_queue bounds those beyond them (counting only the waiting,
+        # six requests arriving together at one free row and one queue place were all but one
+        # refused whenever they came before the thread had admitted the first)
+        self._free = engine.max_batch
         self._calls: deque[tuple[Callable, tuple, Future]] = deque()
         self._closing = False
         self._request_seconds = 1.0  # moving average of a request's wall time: Retry-After
@@ -89,12 +94,13 @@ class DecodeLoop:
 
     # -- any thread ------------------------------------------------------------------------
     def submit(self, start: Callable[[Engine], Row]) -> Ticket:
-        """Queue a request for a row; QueueFull when max_queue already wait."""
+        """Queue a request for a row; QueueFull when max_queue already wait beyond the rows
+        no request holds."""
         ticket = Ticket(start)
         with self._wake:
             if self._closing:
                 raise RuntimeError("the decode loop is closed")
-            if len(self._waiting) >= self.max_queue:
+            if len(self._waiting) >= self.max_queue + self._free:
                 # the queue drains a batch's worth of requests per request wall time
                 turns = math.ceil(len(self._waiting) / self.engine.max_batch)
                 raise QueueFull(len(self._waiting), max(1, math.ceil(turns * self._request_seconds)))
@@ -146,6 +152,7 @@ class DecodeLoop:
             with self._wake:  # after the calls: a request waits (and counts) until it joins
                 free = self.engine.max_batch - len(active)
                 joining = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+                self._free = free - len(joining)
             for ticket in joining:
                 row = _settle(ticket.started, ticket.start, self.engine)
                 if row is None:
@@ -155,6 +162,8 @@ class DecodeLoop:
                     active.append(row)
             if active:
                 active = self._step(active)
+            with self._wake:
+                self._free = self.engine.max_batch - len(active)
 
     def _step(self, active: list[Row]) -> list[Row]:
         """One batched step; the rows still decoding after it."""

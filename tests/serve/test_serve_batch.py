@@ -155,16 +155,16 @@ def test_8_concurrent_requests_batch_and_equal_plain(reference_pair, plain):
 def test_a_full_queue_answers_429_and_loses_no_accepted_request(reference_pair):
     telemetry = Telemetry()
     server = Server(Engine(reference_pair), "reference", telemetry, max_batch=1, max_queue=2)
-    with serving(server) as port, ThreadPoolExecutor(2) as clients:
-        with held(server):
-            accepted = [clients.submit(post, port, body(p)) for p in PROMPTS[:2]]
-            assert wait_for(lambda: server.decode.waiting == 2, timeout=60)
-            status, reply, headers = post(port, body(PROMPTS[2]))
+    with serving(server) as port, ThreadPoolExecutor(3) as clients:
+        with held(server):  # the decode thread held: its one row free, not yet claimed
+            accepted = [clients.submit(post, port, body(p)) for p in PROMPTS[:3]]
+            assert wait_for(lambda: server.decode.waiting == 3, timeout=60)  # the row's + 2
+            status, reply, headers = post(port, body(PROMPTS[3]))
             assert status == 429, reply
             assert int(headers["Retry-After"]) >= 1
-            assert "2 requests already wait" in reply["error"]["message"]
-        assert [f.result()[0] for f in accepted] == [200, 200]
-    assert len(telemetry.records) == 2
+            assert "3 requests already wait" in reply["error"]["message"]
+        assert [f.result()[0] for f in accepted] == [200, 200, 200]
+    assert len(telemetry.records) == 3
 
 
 def test_a_request_too_long_for_a_row_is_a_400_naming_the_numbers(reference_pair):
