@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from autospec.confidence import Calibration, StopRule
 from autospec.controller.batch import BatchCost, Prices, best_batch
-from autospec.controller.decide import NO_DRAFTER, best_k, choose_drafter
+from autospec.controller.decide import NO_DRAFTER, choose_drafter
 from autospec.controller.estimates import AcceptanceEstimate, CostModel
 from autospec.controller.interface import Controller, Decision, Outcome, Step
 from autospec.controller.interface import PLAIN as PLAIN_DECISION
@@ -185,17 +185,7 @@ class AdaptiveController(Controller):
         cap = self.settings.step_cap
         # a bounded step: none whose forward and drafting exceed cap x a plain step
         max_step = cap * prices.step(0) - chunk * prices.per_token if cap else None
-        if rows == 1 and not cap:
-            # one row: its drafter's best K at the measured forward sizes, which best_batch
-            # would find again (the same objective: test_controller.py checks it), and the
-            # rate it reaches (a StopRule's goodput)
-            drafter = drafters[0]
-            rate, k = (1.0 / prices.step(0), 0) if drafter is None else best_k(
-                chances[0][drafter], self._draft_seconds(drafter, prices), prices.shares,
-                len(chances[0][drafter]))
-            rate, ks = (rate, [k]) if k else (1.0 / prices.step(0), [0])
-        else:
-            rate, ks = self._ks(chances, drafters, prices, max_step)
+        rate, ks = self._ks(chances, drafters, prices, max_step)
         # a row whose drafter does not pay in this step (an exploring draw of a costly
         # drafter, say) drafts with a look-up drafter that has a proposal (n-gram, suffix:
         # the first in the policy's order), rather than decoding plain

@@ -34,6 +34,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from autospec.controller.decide import best_k
 from autospec.controller.estimates import RunningMedian
 
 # (weighted) batch steps observed before the batch line is trusted, and the weight (in steps)
@@ -100,7 +101,14 @@ def best_batch(means: list[list[float]], draft_seconds: list[float], prices: Pri
     max_seconds: no step (forward and drafting) predicted longer is chosen (a latency bound;
     plain for every row always stays). Where the widest row's padding has a price
     (`Prices.width`), the best is also sought with every row's K capped at each of WIDTH_CAPS
-    (the worth of a token does not see what it widens), and the best of those kept."""
+    (the worth of a token does not see what it widens), and the best of those kept.
+
+    One row at its measured forward sizes (`Prices.table`) is the same objective over a prefix
+    of one row, which `decide.best_k` walks once rather than by Dinkelbach's rounds."""
+    if len(means) == 1 and max_seconds is None and len(means[0]) < len(prices.table):
+        plain = 1.0 / prices.step(0)
+        rate, k = best_k(means[0], draft_seconds[0], prices.table, len(means[0]))
+        return (rate, [k]) if rate > plain else (plain, [0])
     gains = []
     for row in means:
         gain, running = [], 1.0

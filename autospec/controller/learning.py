@@ -117,10 +117,10 @@ class Learning:
         """The drafter's calibration for a workload, its prior the drafter's over every
         workload (POOLED; autospec/confidence.py)."""
         per = self.calibration.setdefault(workload, {})
-        if drafter not in per:
-            per[drafter] = Calibration()
-        mine = per[drafter]
-        if workload != POOLED:
+        mine = per.get(drafter)
+        if mine is None:
+            mine = per[drafter] = Calibration()
+        if mine.parent is None and workload != POOLED:  # linked once (absorb unlinks)
             mine.parent = self.calibration_of(POOLED, drafter)
         return mine
 
@@ -211,6 +211,10 @@ class Learning:
                     own = self.calibration.get(key, {}).get(drafter)
                     if own is None or not only_if_richer or learnt.tokens() > own.tokens():
                         self.calibration.setdefault(key, {})[drafter] = learnt
+                        if key == POOLED:  # the workloads' prior replaced: linked anew
+                            for others in self.calibration.values():
+                                if drafter in others:
+                                    others[drafter].parent = None
         if self.costs.observed == 0:
             for drafter, seconds in snapshot.draft_seconds_per_token.items():
                 self.costs.draft.setdefault(drafter, seconds)

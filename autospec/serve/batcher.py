@@ -8,10 +8,10 @@ so they need no lock), admits waiting requests into free rows, and then advances
 row in one target forward (`Engine.advance`, the step `Engine.run` takes too).
 
 Admission is bounded twice: at most `max_batch` rows decode (the RowCache's slots) and at most
-`max_queue` requests wait for one beyond the rows that are free. A request past both is refused at once (`QueueFull`, an
-HTTP 429 with Retry-After) rather than queued without limit: a client can back off or go to
-another replica, and every request that was accepted is decoded, even through a shutdown
-(`close` lets the queue drain first).
+`max_queue` requests wait for one beyond the rows that are free. A request past both is
+refused at once (`QueueFull`, an HTTP 429 with Retry-After) rather than queued without limit:
+a client can back off or go to another replica, and every request that was accepted is
+decoded, even through a shutdown (`close` lets the queue drain first).
 """
 from __future__ import annotations
 

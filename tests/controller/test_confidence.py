@@ -56,6 +56,12 @@ def test_a_new_workload_starts_from_the_drafters_calibration_over_every_workload
         learning.calibration_of("old", "draft-model").tokens() > 0
     high, low = learning.calibration_of("new", "draft-model").alphas([0.95, 0.05], [0.5, 0.5])
     assert high > 0.99 and low < 0.01
+    # a richer pooled calibration taken from a snapshot becomes the workloads' prior at once
+    fresh = Learning(k_max=4)
+    before = fresh.calibration_of("new", "draft-model").alphas([0.95], [0.5])
+    assert before == [0.5]
+    fresh.absorb(learning.snapshot())
+    assert fresh.calibration_of("new", "draft-model").alphas([0.95], [0.5])[0] > 0.99
     # the daemon folds POOLED itself: its tokens are not counted twice
     daemon = Learning(k_max=4)
     daemon.learn("old", "ngram", 2, 1, [0.9, 0.1], [0.5] * 2, pooled_too=False)
