@@ -179,14 +179,14 @@ def save_estimates(session: Session, model_pair: str, hardware: str,
 
 def load_batch_cost(session: Session, model_pair: str, hardware: str,
                     instance: str = "") -> dict | None:
-    """One daemon instance's saved batch cost (BatchCost.state()) for one pair and hardware,
-    or None."""
+    """One daemon instance's saved step cost (StepCost.state(); the table keeps the name an
+    older version gave its batch cost) for one pair and hardware, or None."""
     return fleet_batch_costs(session, model_pair, hardware, instance).get(instance)
 
 
 def fleet_batch_costs(session: Session, model_pair: str, hardware: str,
                       instance: str | None = None) -> dict[str, dict]:
-    """{instance: BatchCost.state()} of every daemon sharing this store (or only `instance`)."""
+    """{instance: StepCost.state()} of every daemon sharing this store (or only `instance`)."""
     query = select(BatchCostRow).where(BatchCostRow.model_pair == model_pair,
                                        BatchCostRow.hardware == hardware)
     if instance is not None:
@@ -196,7 +196,7 @@ def fleet_batch_costs(session: Session, model_pair: str, hardware: str,
 
 def save_batch_cost(session: Session, model_pair: str, hardware: str, state: dict,
                     instance: str = "") -> None:
-    """Insert or replace the batch cost's state under (model pair, hardware, instance)."""
+    """Insert or replace the step cost's state under (model pair, hardware, instance)."""
     _key("model_pair", model_pair), _key("hardware", hardware)
     row = session.scalar(select(BatchCostRow).where(BatchCostRow.model_pair == model_pair,
                                                     BatchCostRow.hardware == hardware,

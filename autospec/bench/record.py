@@ -1,7 +1,7 @@
 """Recording a trace (bench/trace.py): a workload decoded plain on the real target, what
 every drafter would have proposed at each output position, and what the steps cost — at batch
-1 from the live steps' verify phase, past it the batch line of controller/batch.py fitted to
-forwards over many rows (`calibrate_batch`). `autospec bench --record PATH` runs it.
+1 from the live steps' verify phase, and the plane of the one step cost (controller/cost.py)
+fitted to those and to forwards over many rows (`calibrate_batch`). `autospec bench --record PATH` runs it.
 
 The costs are timed through the engine's public hooks (`Engine.trial_forward`: a forward
 over rows, rolled back; `Engine.features`: the target's hidden states a feature head reads).
@@ -14,7 +14,7 @@ import time
 import torch
 
 from autospec.bench.trace import Trace, TraceRequest
-from autospec.controller.batch import step_features
+from autospec.controller.cost import StepCost
 from autospec.controller.interface import StaticController
 from autospec.drafters.base import DraftContext, agreeing_prefix, create_drafter, drafter_class
 from autospec.engine.loop import Engine
@@ -66,8 +66,8 @@ def record(engine: Engine, prompts, drafters: list[str], k_max: int = 8,
             progress(f"recorded {i + 1}/{len(prompts)}: {p.id}")
     verify = step_verify(live, calibrate_verify(engine, requests[0].prompt + requests[0].output,
                                                 k_max))
-    line = (calibrate_batch(engine, [r.prompt + r.output for r in requests], batch_rows)
-            if batch_rows > 1 else None)
+    line = (calibrate_batch(engine, [r.prompt + r.output for r in requests], batch_rows,
+                            one_row=verify) if batch_rows > 1 else None)
     overhead = statistics.median(s.overhead_seconds or 0.0 for s in live)
     draft_times.update((d, v) for d, v in live_draft.items() if v)
     return Trace(k_max, verify,
@@ -139,18 +139,21 @@ def calibrate_verify(engine: Engine, tokens: list[int], k_max: int, repeats: int
 
 @torch.inference_mode()
 def calibrate_batch(engine: Engine, contexts: list[list[int]], rows: int = 16,
-                    repeats: int = 5) -> list[float]:
-    """(a, b, c, j, w): the batch line of controller/batch.py (a + b B + c P + j [drafted] +
-    w B (W - 1) seconds) fitted by least squares to the median seconds of the target's
-    forward over `rows` and `rows` / 2 rows at the recorded contexts (cycled), at plain,
-    uniform and mixed widths (each forward rolled back)."""
+                    repeats: int = 5, one_row: list[float] = ()) -> list[float]:
+    """(a, b, c, j, w): the plane of the one step cost (controller/cost.py, a + b B + c P + j
+    [drafted] + w B (W - 1) seconds), fitted by its own rule (`StepCost`, nothing forgotten)
+    to the median seconds of the target's forward over `rows` and `rows` / 2 rows at the
+    recorded contexts (cycled), at plain, uniform and mixed widths (each forward rolled
+    back), and to one row's forward at each K (`one_row`, seconds at K = 0, 1, ...)."""
     widest = 9
     contexts = [tokens[:max(2, len(tokens) - widest)] for tokens in contexts]
     batch = Engine(engine.models, engine.drafter_options, max_batch=rows,
                    max_len=max(map(len, contexts)) + widest + 1)
     requests = [batch.start(contexts[i % len(contexts)], max_new_tokens=widest)
                 for i in range(rows)]
-    features, seconds = [], []
+    cost = StepCost(max(len(one_row), widest), forgetting=1.0)
+    for k, seconds in enumerate(one_row):
+        cost.observe(1, k + 1, seconds)
     try:
         slots = [request.slot for request in requests]
         for b in sorted({max(2, rows // 2), rows}):
@@ -164,19 +167,8 @@ def calibrate_batch(engine: Engine, contexts: list[list[int]], rows: int = 16,
                     batch.trial_forward(slots[:b], [[requests[i].tokens[-1]] * w
                                                     for i, w in enumerate(widths)])
                     times.append(time.perf_counter() - t0)
-                features.append(step_features(b, sum(widths), max(widths)))
-                seconds.append(statistics.median(times))
+                cost.observe(b, sum(widths), statistics.median(times), width=max(widths))
     finally:
         for request in requests:
             batch.abandon(request)
-    x = torch.tensor(features, dtype=torch.float64)
-    y = torch.tensor(seconds, dtype=torch.float64).unsqueeze(1)
-    kept = list(range(x.shape[1]))
-    while True:  # least squares with b, c, j, w >= 0: a negative one is dropped, the rest refit
-        fitted = [0.0] * x.shape[1]
-        for i, value in zip(kept, torch.linalg.lstsq(x[:, kept], y).solution.squeeze(1).tolist()):
-            fitted[i] = value
-        negative = [i for i in kept[1:] if fitted[i] < 0]
-        if not negative:
-            return fitted
-        kept.remove(min(negative, key=fitted.__getitem__))
+    return list(cost.plane())

@@ -26,7 +26,8 @@ and what a look-up costs.
 
 Replay itself (`replay`, `replay_batch`, `autospec replay --rows N`): N closed-loop clients
 over the trace's requests, every step charged the trace's prices (`trace_prices`: the
-recorded forwards at one row, the batch line s(B, P, W) of controller/batch.py past one); and
+recorded plane s(B, P, W) of the one step cost, controller/cost.py, its one-row sizes the
+recorded forwards exactly); and
 a controller that knows the future (`HindsightController`): the ceiling of what any
 controller that learns from evidence can reach at those costs.
 """
@@ -37,7 +38,8 @@ from typing import Sequence
 import torch
 
 from autospec.bench.trace import Trace, TraceRequest
-from autospec.controller.batch import Prices, batch_ks
+from autospec.controller.batch import batch_ks
+from autospec.controller.cost import Prices, recorded_prices
 from autospec.controller.interface import Controller, Decision, RowController, Step
 from autospec.drafters.base import Draft
 from autospec.engine.jobs import Host
@@ -169,19 +171,8 @@ def _proposal(recorded, drafter: str, k: int, at: int) -> int:
 
 
 def trace_prices(trace: Trace, rows: int) -> Prices:
-    """The step's prices the trace's costs give at `rows` rows (the batch line past one)."""
-    if rows == 1:
-        v = trace.verify_seconds
-        return Prices(1, v[0], 0.0, v, v, v[0])
-    a, b, c, jump, width = _batch_line(trace)
-    return Prices(rows, a + (b + c) * rows, c, [], [], a + b + c, jump, width)
-
-
-def _batch_line(trace: Trace) -> list[float]:
-    if trace.batch_line is None:
-        raise ValueError("the trace has no batch line (recorded before batches were "
-                         "calibrated): record it again (autospec bench --record)")
-    return trace.batch_line
+    """The step's prices the trace's costs give at `rows` rows (controller/cost.py)."""
+    return recorded_prices(rows, trace.k_max, trace.verify_seconds, trace.batch_line)
 
 
 class HindsightController(RowController):

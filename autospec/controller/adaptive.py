@@ -3,8 +3,8 @@
 Per request: a Beta per drafter and draft position, seeded from the pooled estimate of the
 request's workload (the per-workload prior). Per workload and drafter: the calibration of
 each drafted token's confidence into its chance of being kept (autospec/confidence.py).
-Shared by all requests of one engine: the cost models (draft seconds per token, the batch-1
-verify line, the batch line) and the priors.
+Shared by all requests of one engine: the step's cost (controller/cost.py: the step at every
+batch size, each drafter's seconds) and the priors.
 
 Each step, one decision for the step's B >= 1 rows (`decide`, docs/controller.md): look-ups
 first (a look-up drafter's proposal bounds its K, and its tokens' confidences price them; no
@@ -25,9 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autospec.confidence import Calibration, StopRule
-from autospec.controller.batch import BatchCost, Prices, best_batch
+from autospec.controller.batch import best_batch
+from autospec.controller.cost import Prices, StepCost
 from autospec.controller.decide import NO_DRAFTER, choose_drafter
-from autospec.controller.estimates import AcceptanceEstimate, CostModel
+from autospec.controller.estimates import AcceptanceEstimate
 from autospec.controller.interface import Controller, Decision, Outcome, Step
 from autospec.controller.interface import PLAIN as PLAIN_DECISION
 from autospec.controller.learning import Learning, Snapshot
@@ -41,10 +42,6 @@ from autospec.telemetry import POOLED, UNLABELLED, StepRecord
 # it: chosen, not measured
 SWITCH_HORIZON = 8
 MIN_CHUNK = 8  # prompt tokens a capped step carries at least: 150 join in <= 19 steps
-# with a step_cap, the most a size's residuals may take off the batch line's fixed price (a
-# share of it): a guard against a few odd steps pricing a plain step near 0. Replay's steps
-# sit on the line, so it never binds there: chosen, not measured
-RESIDUAL_FLOOR = 0.5
 
 
 @dataclass
@@ -64,16 +61,12 @@ class AdaptiveController(Controller):
         self._confident: set[str] = set()
 
     @property
-    def costs(self) -> CostModel:
-        return self.learning.costs
+    def cost(self) -> StepCost:
+        return self.learning.cost
 
-    @property
-    def batch_cost(self) -> BatchCost:
-        return self.learning.batch
-
-    @batch_cost.setter
-    def batch_cost(self, cost: BatchCost) -> None:
-        self.learning.batch = cost
+    @cost.setter
+    def cost(self, cost: StepCost) -> None:
+        self.learning.cost = cost
 
     @property
     def priors(self) -> dict[str, dict[str, AcceptanceEstimate]]:
@@ -141,10 +134,11 @@ class AdaptiveController(Controller):
         `step_cap`, what fits above a plain step within it at the per-token price, at least
         MIN_CHUNK (the rows speculate in what is left: the Step's `chunk`)."""
         cap = self.settings.step_cap
-        prices = self._prices(rows) if cap and (self.costs.observed or self.batch_cost.observed) else None
-        if prices is None or prices.per_token <= 0.0:
+        prices = self.cost.prices(rows) if cap else None
+        token = prices.token if prices is not None else 0.0
+        if token <= 0.0:
             return default
-        return max(MIN_CHUNK, min(default, int((cap - 1.0) * prices.step(0) / prices.per_token)))
+        return max(MIN_CHUNK, min(default, int((cap - 1.0) * prices.step(0) / token)))
 
     def decide(self, step: Step) -> list[Decision]:
         """(drafter, K) for every row of a step, B >= 1 alike:
@@ -159,24 +153,22 @@ class AdaptiveController(Controller):
            look-up drafter's proposal where one has any;
         4. a model drafter known to give confidences drafts to a `StopRule` at the step's
            goodput, up to k_max: it stops a row where its next token cannot pay.
-        The prices are the step's at this batch size (`_prices`); `chunk` prompt tokens riding
+        The prices are the step's at this batch size (StepCost.prices); `chunk` prompt tokens riding
         in the step (`chunk_budget`) take their price out of a `step_cap`'s bound."""
         requests, peek, chunk = step.rows, step.peek, step.chunk
         rows = len(requests)
         states = [self._state(request) for request in requests]
         looked = [self._look_up(state, request, peek) for state, request in zip(states, requests)]
-        if self.costs.observed == 0 and self.batch_cost.observed == 0:
-            # first step of the host's life: measure a plain step first (the look-ups made
-            # all the same: indexing the prompt is their work, and the counterfactual scores
-            # this step from them)
-            return [PLAIN_DECISION] * rows
-        prices = self._prices(rows)
+        prices = self.cost.prices(rows)
         if prices is None:
+            # the host's first steps: plain ones measured first (the look-ups made all the
+            # same: indexing the prompt is their work, and the counterfactual scores these
+            # steps from them)
             return [PLAIN_DECISION] * rows
         drafters, chances, trying = [], [], set()
         for state, request, proposals in zip(states, requests, looked):
             drafter, alphas = self._choose(state, request, proposals, prices, trying)
-            if drafter in self.costly and drafter not in self.costs.prefill:
+            if drafter in self.costly and drafter not in self.cost.prefill:
                 # a model drafter nobody has run yet: one row per step tries it (a batch
                 # waits for its cache prefill), and what that costs prices it for the rest
                 trying.add(drafter)
@@ -184,7 +176,7 @@ class AdaptiveController(Controller):
             chances.append(alphas)
         cap = self.settings.step_cap
         # a bounded step: none whose forward and drafting exceed cap x a plain step
-        max_step = cap * prices.step(0) - chunk * prices.per_token if cap else None
+        max_step = cap * prices.step(0) - chunk * prices.token if cap else None
         rate, ks = self._ks(chances, drafters, prices, max_step)
         # a row whose drafter does not pay in this step (an exploring draw of a costly
         # drafter, say) drafts with a look-up drafter that has a proposal (n-gram, suffix:
@@ -217,40 +209,11 @@ class AdaptiveController(Controller):
         """Where a model drafter stops this row (autospec/confidence.py): a token is verified
         while its survival pays for its verify at the step's goodput `rate`, and drafting goes
         on while it could pay for the next one's drafting and verify too."""
-        verify = prices.per_token + prices.width
+        verify = prices.token
         draft = self._draft_seconds(drafter, prices)
         return StopRule(self._calibration(request.workload, drafter),
                         self._estimate(state, drafter).mean_list(), rate * verify,
                         rate * (verify + draft))
-
-    def _prices(self, rows: int) -> Prices | None:
-        """The step's prices at `rows` rows. Batch 1: the measured forward sizes plus the
-        per-step overhead (CostModel.step_list). A batch: the batch line (BatchCost: a + b B +
-        c P, + j where any row drafts, + w B (W - 1) for the widest row's padding) and the
-        per-row overhead; a row's share s(B, B) / B + c k (+ j / B) + w k (as if it were the
-        widest)."""
-        if rows == 1:
-            steps, line = self.costs.step_list(), self.costs.line()
-            base, slope = line if line is not None else (steps[0], 0.0)
-            return Prices(1, base + self.costs.overhead, slope, steps, steps, steps[0])
-        fitted = self.batch_cost.line(self.costs.line())
-        if fitted is None:  # every row plain until the batch line is measured
-            return None
-        a, b, c, jump, width = fitted
-        overhead = self.batch_cost.row_overhead
-        fixed = a + (b + c + overhead) * rows
-        if self.settings.step_cap:
-            # a bound in plain steps at this size needs their price here: the line moved to
-            # this size's own steps (BatchCost.residuals). Not without a cap: the default's
-            # goodput choice measured no better with it (docs/controller.md)
-            plain, drafted = self.batch_cost.residuals(rows, fitted)
-            fixed = max(fixed + plain, RESIDUAL_FLOOR * fixed)
-            jump = max(jump + drafted - plain, 0.0)
-        share = fixed / rows
-        # a row's share of the step's jump for drafting at all: as if it drafted alone
-        return Prices(rows, fixed, c, [], [share] + [share + (c + width) * k + jump / rows
-                                                     for k in range(1, self.settings.k_max + 1)],
-                      a + b + c + overhead, jump, width)
 
     def _look_up(self, state: _RequestState, request, peek) -> dict[str, object]:
         """Each look-up drafter's proposal now (a Draft; absent: none, so not that drafter
@@ -294,7 +257,7 @@ class AdaptiveController(Controller):
         # a drafter's first run in a request prefills its cache: spread over SWITCH_HORIZON
         context = len(request.tokens)
         switch_s = [0.0 if d in state.used else
-                    self.costs.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
+                    self.cost.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
         index = choose_drafter(alphas, draft_s, shares, limits, switch_s)
         if index == NO_DRAFTER:
             return None, dict(zip(names, alphas))
@@ -312,7 +275,7 @@ class AdaptiveController(Controller):
     def _draft_seconds(self, drafter: str, prices: Prices) -> float:
         """A drafted token's measured seconds; before any, the drafter's cost hint times a
         one-row plain step (a drafter's forward does not shrink with the batch's rows)."""
-        return self.costs.draft.get(drafter, self.hints[drafter] * prices.single)
+        return self.cost.draft.get(drafter, self.hints[drafter] * prices.single)
 
     def _cap_k(self, draft_seconds: float, steps: list[float]) -> int:
         """The longest K whose step is predicted within `step_cap` plain steps (k_max without
@@ -338,10 +301,6 @@ class AdaptiveController(Controller):
         (Learning.fold: the step's costs, the drafter's seconds, its workload's pooled
         acceptance and calibration), then the row's own estimates."""
         records, requests = outcome.records, outcome.rows
-        first = records[0]
-        if first.batch_size > 1 and self.settings.step_cap:  # what its prices read (_prices)
-            self.batch_cost.observe_step(first.batch_size, first.batch_tokens,
-                                         first.verify_seconds, first.batch_width)
         for record, request in zip(records, requests):
             self._update(record, request)
 

@@ -2,7 +2,8 @@
 
 `Learning` holds what outlives a request, per workload and drafter: the pooled acceptance per
 position (AcceptanceEstimate, a request's prior), the confidence calibration
-(autospec/confidence.py), and the step's costs (CostModel at one row, BatchCost past one).
+(autospec/confidence.py), and the step's cost (controller/cost.py: one model at every batch
+size).
 `fold` takes one StepRecord — its costs, then what its drafter's tokens taught — and is the
 whole of what the daemon's Learner does with a request's steps and what the controller does
 with each step's (besides what it keeps per request: controller/adaptive.py). `learn` is the
@@ -19,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from autospec.confidence import Calibration
-from autospec.controller.batch import BatchCost
+from autospec.controller.cost import StepCost
 from autospec.controller.estimates import (DEFAULT_PRIOR_MEAN, POOLED_PRIOR_STRENGTH,
-                                           AcceptanceEstimate, CostModel)
+                                           AcceptanceEstimate)
 from autospec.telemetry import POOLED, StepRecord
 
 
@@ -34,14 +35,16 @@ class Snapshot:
     # workload -> drafter -> Calibration.state()
     calibration: dict[str, dict[str, dict]] = field(default_factory=dict)
     draft_seconds_per_token: dict[str, float] = field(default_factory=dict)
-    verify_line: tuple[float, float] | None = None  # (base, slope): CostModel.line()
-    batch_cost: dict | None = None  # BatchCost.state()
+    # (base, slope): one row's verify as a line (StepCost.line), seeded by a taker over
+    # step_cost (an older version's snapshot: its only one-row cost)
+    verify_line: tuple[float, float] | None = None
+    step_cost: dict | None = None  # StepCost.state()
 
     def to_dict(self) -> dict:
         return {"acceptance": self.acceptance, "calibration": self.calibration,
                 "draft_seconds_per_token": self.draft_seconds_per_token,
                 "verify_line": list(self.verify_line) if self.verify_line else None,
-                "batch_cost": self.batch_cost}
+                "step_cost": self.step_cost}
 
     @classmethod
     def from_dict(cls, raw: Mapping | None) -> "Snapshot":
@@ -82,10 +85,13 @@ class Snapshot:
             if not isinstance(line, (list, tuple)) or len(line) != 2:
                 raise ValueError(f"estimates.verify_line: expected [base, slope], got {line!r}")
             out.verify_line = (float(line[0]), float(line[1]))
-        batch = raw.get("batch_cost")
-        if batch is not None and not isinstance(batch, Mapping):
-            raise ValueError(f"estimates.batch_cost: expected an object, got {batch!r}")
-        out.batch_cost = dict(batch) if batch else None
+        # "batch_cost": an older version's name for it (its plane learnt past one row only)
+        name = "step_cost" if "step_cost" in raw else "batch_cost"
+        state = raw.get(name)
+        if state is not None and not (isinstance(state, Mapping) and "xtx" in state
+                                      and "xty" in state and "observed" in state):
+            raise ValueError(f"estimates.{name}: expected StepCost.state()'s object, got {state!r}")
+        out.step_cost = dict(state) if state else None
         return out
 
 
@@ -102,8 +108,7 @@ class Learning:
         self.discount = discount
         self.acceptance: dict[str, dict[str, AcceptanceEstimate]] = {}
         self.calibration: dict[str, dict[str, Calibration]] = {}
-        self.costs = CostModel(k_max, stale_after=stale_after)
-        self.batch = BatchCost()  # s(B, P) of a batched step (controller/batch.py)
+        self.cost = StepCost(k_max, stale_after=stale_after)
 
     def estimate(self, workload: str, drafter: str) -> AcceptanceEstimate:
         per = self.acceptance.setdefault(workload, {})
@@ -127,28 +132,23 @@ class Learning:
     # -- the one rule ------------------------------------------------------------------------
     def fold(self, record: StepRecord, workloads: tuple[str, ...], first_use: bool,
              means: list[float] | None = None, confidences: list[float] | None = None) -> None:
-        """One verified step of one row: its costs (a batch's forward with 1 / rows of its
-        weight: every row reports it; the step's overhead per row), its drafter's seconds (a
+        """One verified step of one row: its forward's cost (with 1 / rows of its weight: every
+        row of a batch reports it; the step's overhead per row), its drafter's seconds (a
         drafter's first step in a request is its cache's prefill, learnt apart), and what its
         tokens taught each of `workloads` (`learn`). `confidences`: the drafted tokens' where
         the record has none (a look-up's, as the controller saw it)."""
-        if record.batch_size > 1:
-            self.batch.observe(record.batch_size, record.batch_tokens, record.verify_seconds,
-                               1.0 / record.batch_size, record.batch_width)
-            if record.overhead_seconds is not None:
-                self.batch.observe_overhead(record.overhead_seconds / record.batch_size,
-                                            1.0 / record.batch_size)
-        else:
-            self.costs.observe_verify(record.verify_tokens, record.verify_seconds)
-            if record.overhead_seconds is not None:
-                self.costs.observe_overhead(record.overhead_seconds)
+        rows, cost = record.batch_size, self.cost
+        cost.observe(rows, record.batch_tokens, record.verify_seconds, 1.0 / rows,
+                     record.batch_width)
+        if record.overhead_seconds is not None:
+            cost.observe_overhead(record.overhead_seconds / rows, 1.0 / rows)
         if record.drafter == "none" or record.k <= 0:
             return
         if first_use:
-            self.costs.observe_prefill(record.drafter, record.draft_seconds, record.proposed,
-                                       record.context_tokens)
+            cost.observe_prefill(record.drafter, record.draft_seconds, record.proposed,
+                                 record.context_tokens)
         else:
-            self.costs.observe_draft(record.drafter, record.draft_seconds, record.proposed)
+            cost.observe_draft(record.drafter, record.draft_seconds, record.proposed)
         # an empty proposal counts as a rejection at position 0: it bought nothing
         pooled_too = POOLED not in workloads  # the daemon folds POOLED itself
         for workload in workloads:
@@ -173,15 +173,15 @@ class Learning:
 
     # -- handing it over ---------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        line = self.costs.line()
+        line = self.cost.line()
         return Snapshot(
             {w: {d: {"rates": [round(float(r), 6) for r in e.rates()],
                      "observations": [round(float(o), 4) for o in e.observations()]}
                  for d, e in per.items()} for w, per in self.acceptance.items()},
             {w: {d: c.state() for d, c in per.items() if c.tokens()}
              for w, per in self.calibration.items()},
-            dict(self.costs.draft), tuple(line) if line else None,
-            self.batch.state() if self.batch.observed else None)
+            dict(self.cost.draft), tuple(line) if line else None,
+            self.cost.state() if self.cost.observed else None)
 
     def absorb(self, snapshot: Snapshot, only_if_richer: bool = True, pooled_as: str = POOLED,
                drafters: tuple[str, ...] | None = None) -> int:
@@ -215,11 +215,11 @@ class Learning:
                             for others in self.calibration.values():
                                 if drafter in others:
                                     others[drafter].parent = None
-        if self.costs.observed == 0:
+        if self.cost.observed == 0:  # a restarted server's step cost
             for drafter, seconds in snapshot.draft_seconds_per_token.items():
-                self.costs.draft.setdefault(drafter, seconds)
-            if snapshot.verify_line:
-                self.costs.seed(*snapshot.verify_line)
-        if self.batch.observed == 0 and snapshot.batch_cost:
-            self.batch.restore(snapshot.batch_cost)  # a restarted server's batch cost
+                self.cost.draft.setdefault(drafter, seconds)
+            if snapshot.step_cost:
+                self.cost.restore(snapshot.step_cost)
+            if snapshot.verify_line:  # one row's end of it (an older snapshot's only one)
+                self.cost.seed(*snapshot.verify_line)
         return taken

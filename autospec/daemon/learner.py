@@ -16,7 +16,7 @@ A fleet (several daemons on one store) merges what each daemon persisted, `fleet
 acceptance evidence (accepted / rejected counts per position) adds up across daemons, so a
 merged estimate is the one a daemon would hold had it seen every daemon's steps itself (up to
 the discount: each daemon's evidence ages with its own traffic, not the fleet's). Costs are
-measurements of one hardware, so daemons' figures are averaged; the batch cost's sufficient
+measurements of one hardware, so daemons' figures are averaged; the step cost's sufficient
 statistics add up, like the evidence.
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Iterable
 import numpy as np
 
 from autospec.confidence import Calibration
-from autospec.controller.batch import BatchCost
-from autospec.controller.estimates import AcceptanceEstimate, CostModel
+from autospec.controller.cost import StepCost, merged_state
+from autospec.controller.estimates import AcceptanceEstimate
 from autospec.controller.learning import Learning
 from autospec.store.queries import Estimate
 from autospec.telemetry import POOLED, RequestRecord
@@ -54,12 +54,8 @@ class Learner:
         return self.learning.calibration
 
     @property
-    def costs(self) -> CostModel:
-        return self.learning.costs
-
-    @property
-    def batch(self) -> BatchCost:
-        return self.learning.batch
+    def cost(self) -> StepCost:
+        return self.learning.cost
 
     def observe(self, record: RequestRecord) -> None:
         """Fold one request's steps in, each by Learning.fold, into its workload's estimates
@@ -74,14 +70,14 @@ class Learner:
 
     def estimates(self) -> list[Estimate]:
         """Everything learned, as store rows (cost fields repeated on each drafter's rows)."""
-        line = self.costs.line()
+        line = self.cost.line()
         base, slope = line if line else (None, None)
         out = []
         for workload, per_drafter in sorted(self.acceptance.items()):
             for drafter, est in sorted(per_drafter.items()):
                 calibration = self.calibration.get(workload, {}).get(drafter)
                 out.append(Estimate(drafter, workload, tuple(est.rates()),
-                                    tuple(est.observations()), self.costs.draft.get(drafter),
+                                    tuple(est.observations()), self.cost.draft.get(drafter),
                                     base, slope, calibration=calibration.state()
                                     if calibration is not None and calibration.tokens() else None))
         return out
@@ -104,11 +100,11 @@ class Learner:
                     self.calibration.setdefault(workload, {})[drafter] = \
                         Calibration.from_state(saved.calibration)
                 if saved.draft_seconds_per_token is not None:
-                    self.costs.draft[drafter] = saved.draft_seconds_per_token
+                    self.cost.draft[drafter] = saved.draft_seconds_per_token
                 if saved.verify_base_seconds is not None and saved.verify_slope_seconds is not None:
                     line = (saved.verify_base_seconds, saved.verify_slope_seconds)
         if line:
-            self.costs.seed(*line)
+            self.cost.seed(*line)
         return self
 
     def snapshot(self) -> dict:
@@ -157,12 +153,7 @@ def fleet_estimates(members: Iterable[dict[str, dict[str, Estimate]]]) -> dict[s
     return out
 
 
-def fleet_batch_cost(states: Iterable[dict]) -> dict | None:
-    """Several daemons' BatchCost.state() as one: the sufficient statistics add up."""
-    # each in today's layout first (a daemon of an older version kept fewer features)
-    states = [BatchCost().restore(s).state() for s in states if s and s["observed"] > 0]
-    if not states:
-        return None
-    return {name: np.sum([np.asarray(s[name], float) for s in states], axis=0).tolist()
-            for name in ("xtx", "xty", "plain_xtx", "plain_xty")} | {
-        "observed": float(sum(s["observed"] for s in states))}
+def fleet_step_cost(states: Iterable[dict]) -> dict | None:
+    """Several daemons' StepCost.state() as one (each in today's layout first: a daemon of an
+    older version kept fewer features): the sufficient statistics add up."""
+    return merged_state(list(states))

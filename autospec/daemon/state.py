@@ -29,7 +29,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from autospec.daemon.learner import Learner, fleet_batch_cost, fleet_estimates
+from autospec.daemon.learner import Learner, fleet_step_cost, fleet_estimates
 from autospec.daemon.metrics import Counters, StateCollector
 from autospec.daemon.outputs import OutputLog
 from autospec.policy import Policy, PolicyError, load_policy, parameters_to_dict, parse_policy
@@ -110,7 +110,7 @@ class DaemonState:
                 self.store.load_estimates(*key, self.instance))
             batch = self.store.load_batch_cost(*key, self.instance)
             if batch:
-                learner.batch.restore(batch)
+                learner.cost.restore(batch)
             self.learners[key] = learner
             self._read_fleet(key)
             if learner.acceptance:
@@ -160,8 +160,8 @@ class DaemonState:
         for key in sorted(self.dirty):
             learner = self.learners[key]
             written += self.store.save_estimates(*key, learner.estimates(), self.instance)
-            if learner.batch.observed:
-                self.store.save_batch_cost(*key, learner.batch.state(), self.instance)
+            if learner.cost.observed:
+                self.store.save_batch_cost(*key, learner.cost.state(), self.instance)
         self.dirty.clear()
         for key in sorted(self.learners):
             self._read_fleet(key)
@@ -182,9 +182,9 @@ class DaemonState:
         if estimates or batch_costs:
             merged = Learner(k_max=learner.k_max).restore(
                 fleet_estimates([learner.by_workload(), *estimates]))
-            batch = fleet_batch_cost([learner.batch.state(), *batch_costs])
+            batch = fleet_step_cost([learner.cost.state(), *batch_costs])
             if batch:
-                merged.batch.restore(batch)
+                merged.cost.restore(batch)
             learner = merged
         self.snapshots[key] = learner.snapshot()
 

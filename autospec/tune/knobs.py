@@ -54,16 +54,15 @@ def tokens_per_second(trace, settings: ControllerSettings, rows: int = 1,
 
 # module constants replay can judge, each with the values tried in its place (a constant
 # must have some value: one whose alternatives move nothing beyond noise says "any of these
-# serves" where it is defined). Not here, because replay cannot judge them: CostModel's and
-# BatchCost's forgetting, smoothing and SIZE_PRIOR (a trace's step costs sit on its line, so
-# every estimator converges), SWITCH_HORIZON (a trace records no drafter's start-up), MIN_CHUNK
-# and RESIDUAL_STEPS (only with step_cap, and a replay joins prompts whole)
+# serves" where it is defined). Not here, because replay cannot judge them: StepCost's
+# forgetting, smoothing and SIZE_PRIOR (a trace's step costs sit on its plane, so every
+# estimator converges), SWITCH_HORIZON (a trace records no drafter's start-up) and MIN_CHUNK
+# (only with step_cap, and a replay joins prompts whole)
 CONSTANTS = {
     ("autospec.controller.learning", "POOLED_PRIOR_STRENGTH"): (0.5, 8.0),
     ("autospec.controller.estimates", "POOL_STRENGTH"): (0.5, 32.0),
-    ("autospec.controller.batch", "MIN_BATCH_STEPS"): (1.0, 16.0),
-    ("autospec.controller.batch", "UNMEASURED_PRIOR"): (0.01, 0.25),
-    ("autospec.controller.batch", "STALE_JUMP_STEPS"): (2.0, 32.0),
+    ("autospec.controller.cost", "MIN_STEPS"): (1.0, 16.0),
+    ("autospec.controller.cost", "UNMEASURED_PRIOR"): (0.01, 0.25),
     ("autospec.confidence", "CALIBRATION_STRENGTH"): (1.0, 16.0),
     ("autospec.confidence", "BINS"): (10, 40),
 }

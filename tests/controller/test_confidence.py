@@ -6,7 +6,8 @@ import random
 import pytest
 
 from autospec.confidence import BINS, Calibration, StopRule, bin_of, check_confidences, reliability_gap
-from autospec.controller.batch import Prices, batch_ks, best_batch
+from autospec.controller.batch import batch_ks, best_batch
+from autospec.controller.cost import Prices
 
 
 def test_calibration_recovers_a_known_relation_on_a_synthetic_drafter():
@@ -120,7 +121,7 @@ def test_survival_ranking_picks_the_known_best_token_set_on_a_constructed_step()
     """Three rows of a step at a compute-bound price: a confident look-up row, a row whose
     second token is doubtful, and one whose first is. The step verifies the tokens whose
     survival pays for their share of the forward — and only those — as brute force says."""
-    prices = Prices(3, 0.030, 0.004, [], [], 0.012)  # 30 ms a plain step, 4 ms a drafted token
+    prices = Prices(3, 0.030, 0.004, (0.0,) * 17, 0.012)  # 30 ms a plain step, 4 ms a drafted token
     tokens = [[0.98, 0.97, 0.97, 0.95], [0.95, 0.2, 0.9, 0.9], [0.1, 0.9, 0.9, 0.9]]
     draft_seconds = [0.0, 0.0, 0.0]
     rate, ks = best_batch(tokens, draft_seconds, prices)

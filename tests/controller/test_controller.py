@@ -3,9 +3,11 @@ import numpy as np
 import pytest
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.controller.batch import Prices, batch_ks
+from autospec.controller.batch import batch_ks
+from autospec.controller.cost import Prices
 from autospec.controller.decide import NO_DRAFTER, choose_drafter
-from autospec.controller.estimates import AcceptanceEstimate, CostModel
+from autospec.controller.cost import StepCost
+from autospec.controller.estimates import AcceptanceEstimate
 from autospec.controller.formulas import expected_tokens, speedup
 from autospec.controller.interface import (PLAIN, Decision, Lookups, Outcome, Step, decide_one,
                                            observe_one)
@@ -28,7 +30,7 @@ def _decide(alphas, c, v) -> tuple[int, int]:
     winner = choose_drafter(alphas, c, v, [len(row) for row in alphas], [0.0] * len(alphas))
     if winner == NO_DRAFTER:
         return NO_DRAFTER, 0
-    k = batch_ks([alphas[winner]], [c[winner]], Prices(1, v[0], 0.0, v, v, v[0]))[0]
+    k = batch_ks([alphas[winner]], [c[winner]], Prices.one_row(v))[0]
     return (winner, k) if k else (NO_DRAFTER, 0)
 
 
@@ -56,22 +58,23 @@ def test_acceptance_estimate_follows_a_phase_change():
     assert est.mean()[0] < 0.2
 
 
-def test_cost_model_fits_a_line_through_all_sizes():
-    costs = CostModel(8)
+def test_the_step_cost_fits_one_row_s_sizes_and_extrapolates_along_them():
+    cost = StepCost(8)
     for _ in range(10):
-        costs.observe_verify(1, 1.0)
-        costs.observe_verify(5, 1.4)
-    v = costs.verify_seconds()
-    assert v[0] == pytest.approx(1.0) and v[4] == pytest.approx(1.4)
-    assert v[8] == pytest.approx(1.8)
+        cost.observe(1, 1, 1.0)
+        cost.observe(1, 5, 1.4)
+    prices = cost.prices(1)
+    assert prices.step(0) == pytest.approx(1.0, rel=1e-3)
+    assert prices.step(4) == pytest.approx(1.4, rel=1e-3)
+    assert prices.step(8) == pytest.approx(1.8, rel=0.02)  # the unmeasured size: the plane
 
 
-def test_cost_model_clips_a_cold_start_outlier():
-    costs = CostModel(8)
+def test_the_step_cost_clips_a_cold_start_outlier():
+    cost = StepCost(8)
     for _ in range(10):
-        costs.observe_verify(1, 1.0)
-    costs.observe_verify(1, 50.0)
-    assert costs.verify_seconds()[0] < 1.3
+        cost.observe(1, 1, 1.0)
+    cost.observe(1, 1, 50.0)
+    assert cost.prices(1).step(0) < 1.3
 
 
 def test_controller_settings_reject_unknown_drafters():
@@ -203,8 +206,9 @@ def test_ngram_is_drafted_only_as_far_as_its_proposal_reaches():
     from rows import row
     ctl = AdaptiveController(ControllerSettings(drafters=("ngram",),
                                                 prior_means={"ngram": 0.95}))
-    ctl.costs.observe_verify(1, 0.01)
-    ctl.costs.observe_draft("ngram", 1e-6, 1)
+    for _ in range(4):
+        ctl.cost.observe(1, 1, 0.01)
+    ctl.cost.observe_draft("ngram", 1e-6, 1)
     fresh = row("a", [5, 6, 7, 8], 4, None)  # no suffix recurs: nothing to propose
     assert decide_one(ctl, fresh) == PLAIN
     # the suffix (7, 8) recurred with three tokens after it (9, 7, 8): at most 3 can be drafted

@@ -1,5 +1,6 @@
 """K for a batch (controller/batch.py): the goodput optimum, the flip from speculating to not
-as the forward fills, the online batch cost, and the adaptive controller deciding a batch."""
+as the forward fills, the one step cost (controller/cost.py), and the adaptive controller
+deciding a batch."""
 import itertools
 
 import numpy as np
@@ -7,7 +8,8 @@ import pytest
 
 from rows import row
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.controller.batch import BatchCost, Prices, batch_ks
+from autospec.controller.batch import batch_ks
+from autospec.controller.cost import Prices, StepCost
 from autospec.engine.loop import Engine
 from autospec.engine.request import Job
 from autospec.telemetry import StepRecord
@@ -19,7 +21,7 @@ from conftest import NEAR_TIE, divergences
 def line_prices(rows: int, a: float, b: float, c: float, k_max: int = 16) -> Prices:
     """A batch step s = a + b B + c P over P = B + X packed tokens."""
     fixed = a + (b + c) * rows
-    return Prices(rows, fixed, c, [], [fixed / rows + c * k for k in range(k_max + 1)], fixed)
+    return Prices(rows, fixed, c, (0.0,) * (k_max + 1), fixed)
 
 
 def ks_of(alpha: np.ndarray, draft_s: np.ndarray, a, b, c) -> np.ndarray:
@@ -58,7 +60,7 @@ def test_at_one_row_batch_ks_is_the_best_k_against_measured_sizes(seed):
     verify[3] += 0.4  # a size that costs more than the next
     d = float(rng.uniform(0.0, 0.1))
     rates = [(1 + np.cumprod(alpha)[:k].sum()) / (verify[k] + d * k) for k in range(9)]
-    k = batch_ks([alpha.tolist()], [d], Prices(1, verify[0], 0.0, verify, verify, verify[0]))[0]
+    k = batch_ks([alpha.tolist()], [d], Prices.one_row(list(verify)))[0]
     assert rates[k] == pytest.approx(max(rates))
 
 
@@ -82,23 +84,30 @@ def test_one_confident_row_speculates_while_the_others_decode_plain():
     assert ks[0] == 8 and (ks[1:] == 0).all()
 
 
-def test_batch_cost_recovers_the_plane_a_drafted_step_s_jump_and_the_padding():
+def measured(controller: AdaptiveController, *steps: tuple[int, float]) -> None:
+    """One-row steps (K, seconds), each observed twice, and nothing else (MIN_STEPS: 4)."""
+    for _ in range(2):
+        for k, seconds in steps:
+            controller.cost.observe(1, k + 1, seconds)
+
+
+def test_the_step_cost_recovers_the_plane_a_drafted_step_s_jump_and_the_padding():
     rng = np.random.default_rng(0)
     for jump, pad in ((0.0, 0.0), (0.004, 0.0002)):  # a CPU's first drafted token may cost
-        cost = BatchCost(forgetting=1.0)             # more; the widest row pads attention
+        cost = StepCost(16, forgetting=1.0)          # more; the widest row pads attention
         for _ in range(80):
-            rows = int(rng.integers(2, 17))
+            rows = int(rng.integers(1, 17))
             drafted = int(rng.integers(0, 3 * rows))
             width = 1 + (int(rng.integers(-(-drafted // rows), drafted + 1)) if drafted else 0)
+            if rows == 1:
+                width = drafted + 1
             cost.observe(rows, rows + drafted, 0.010 + 0.001 * rows + 0.0005 * (rows + drafted)
                          + (jump if drafted else 0.0) + pad * rows * (width - 1), width=width)
-        # batch 1's line over the same steps (one row: W = K + 1)
-        fitted = cost.line((0.0115, 0.0005 + jump / 8 + pad))
-        assert fitted == pytest.approx((0.010, 0.001, 0.0005, jump, pad), rel=0.05, abs=2e-5)
-    assert BatchCost().line(None) is None  # nothing measured yet
+        assert cost.plane() == pytest.approx((0.010, 0.001, 0.0005, jump, pad), rel=0.05, abs=2e-5)
+    assert StepCost(16).plane() is None  # nothing measured yet
     old = {"xtx": [1.0, 2.0, 3.0, 2.0, 5.0, 6.0, 3.0, 6.0, 9.0], "xty": [1.0, 2.0, 3.0],
-           "observed": 5.0}  # kept before the jump was a feature
-    assert BatchCost().restore(old).state()["xtx"][:3] == [1.0, 2.0, 3.0]
+           "observed": 5.0}  # a batch cost kept before the jump was a feature
+    assert StepCost(16).restore(old).state()["xtx"][:3] == [1.0, 2.0, 3.0]
 
 
 def test_a_priced_padding_caps_the_widest_row():
@@ -109,7 +118,7 @@ def test_a_priced_padding_caps_the_widest_row():
     means = [[0.99] * 16] + [[0.8] * 16] * 15
     def prices(width):
         fixed = 0.01 + 0.0012 * 16
-        return Prices(16, fixed, 0.0002, [], [0.0] * 17, fixed, 0.0, width)
+        return Prices(16, fixed, 0.0002, (0.0,) * 17, fixed, 0.0, width)
     assert batch_ks(means, [0.0] * 16, prices(0.0)) == [16] + [5] * 15
     assert batch_ks(means, [0.0] * 16, prices(0.0005)) == [2] * 16
     assert batch_ks(means, [0.0] * 16, prices(0.002)) == [0] * 16
@@ -151,7 +160,7 @@ def test_a_batch_under_the_adaptive_controller_is_lossless(reference_pair):
         out = engine.run([Job(p, 24) for p in prompts], controller, max_batch=4)
         for _, _, margin in divergences(reference_pair, prompts, [g.token_ids for g in out], plain):
             assert margin < NEAR_TIE  # trained weights: the near-tie rule
-    assert controller.batch_cost.observed > 0
+    assert controller.cost.observed > 0
 
 
 def test_a_batch_step_s_overhead_is_learnt_once_per_step_per_row():
@@ -168,9 +177,9 @@ def test_a_batch_step_s_overhead_is_learnt_once_per_step_per_row():
                                     for r in rows], rows))
     step(0.004)
     step(0.008)
-    cost = controller.batch_cost
+    cost = controller.cost
     assert cost.row_overhead == pytest.approx((0.001 + 0.002) / 2)  # median of two steps
-    assert BatchCost().restore(cost.state()).row_overhead == cost.row_overhead
+    assert StepCost(16).restore(cost.state()).row_overhead == cost.row_overhead
     for overhead in (0.004, 0.66, 0.004, 0.004):  # a 165 ms pause per row
         step(overhead)
     assert cost.row_overhead == pytest.approx(0.001)
@@ -180,7 +189,7 @@ def test_a_row_that_went_plain_for_want_of_a_match_drafts_at_the_next_match():
     """A row whose n-gram had no match went plain: it must not sit out the next steps that
     have one."""
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",)))
-    controller.costs.observe_verify(1, 0.01)  # a plain step measured: decisions may begin
+    measured(controller, (0, 0.01), (0, 0.01))  # plain steps measured: decisions may begin
     no_match = row("r", [1, 2, 3, 4], 4, "w")
     assert decide_one(controller, no_match) == PLAIN
     no_match.tokens += [1, 2, 3]  # "1 2 3" recurs: n-gram has a proposal now
@@ -189,15 +198,19 @@ def test_a_row_that_went_plain_for_want_of_a_match_drafts_at_the_next_match():
 
 
 def test_a_batch_decodes_plain_until_its_cost_is_measured():
-    """Before the batch line rests on MIN_BATCH_STEPS steps every row of a batch decodes plain
-    (those steps measure it); then a sure n-gram row drafts."""
+    """Before the step cost rests on MIN_STEPS steps every row decodes plain (those steps
+    measure it); then a sure n-gram row drafts, at any batch size: the one-row steps price a
+    batch until its own steps do (a memory-bound forward, the optimistic end)."""
     controller = AdaptiveController(ControllerSettings(drafters=("ngram",),
                                                        prior_means={"ngram": 0.95}))
-    controller.costs.observe_verify(1, 0.010)
     rows = _rows(4)
-    assert controller.decide(Step(rows, Lookups().peek)) == [PLAIN] * 4
+    for _ in range(3):
+        controller.cost.observe(1, 1, 0.010)
+        assert controller.decide(Step(rows, Lookups().peek)) == [PLAIN] * 4
+    controller.cost.observe(1, 1, 0.010)
+    assert all(drafter == "ngram" and k >= 1 for drafter, k, _ in controller.decide(Step(rows, Lookups().peek)))
     for _ in range(5):
-        controller.batch_cost.observe(4, 4, 0.012)  # 4 plain rows cost 1.2 rows: memory-bound
+        controller.cost.observe(4, 4, 0.012)  # 4 plain rows cost 1.2 rows: memory-bound
     assert all(drafter == "ngram" and k >= 1 for drafter, k, _ in controller.decide(Step(rows, Lookups().peek)))
 
 
@@ -207,9 +220,8 @@ def _costly_drafter_controller() -> AdaptiveController:
     controller = AdaptiveController(ControllerSettings(
         drafters=("ngram", "draft-model"),
         prior_means={"ngram": 0.5, "draft-model": 0.95}))
-    controller.costs.observe_verify(1, 0.010)
-    controller.costs.observe_verify(5, 0.011)
-    controller.costs.observe_draft("draft-model", 0.003, 1)
+    measured(controller, (0, 0.010), (4, 0.011))
+    controller.cost.observe_draft("draft-model", 0.003, 1)
     return controller
 
 
@@ -217,7 +229,8 @@ def _measure_batch(controller: AdaptiveController) -> None:
     """Batch steps of 16 rows on the plane whose batch-1 cut is the single-row line above:
     s = 9.25 ms + 0.5 ms a row + 0.25 ms a position (compute-bound at 16 rows)."""
     for width in (1, 3, 5, 9) * 2:
-        controller.batch_cost.observe(16, 16 * width, 0.00925 + 0.0005 * 16 + 0.00025 * 16 * width)
+        controller.cost.observe(16, 16 * width, 0.00925 + 0.0005 * 16 + 0.00025 * 16 * width,
+                                width=width)
 
 
 def _rows(n: int) -> list:
@@ -243,9 +256,8 @@ def test_a_row_whose_drafter_the_batch_will_not_pay_for_drafts_with_ngram():
     controller = AdaptiveController(ControllerSettings(
         drafters=("ngram", "draft-model"),
         prior_means={"ngram": 0.3, "draft-model": 0.05}))
-    controller.costs.observe_verify(1, 0.010)
-    controller.costs.observe_verify(5, 0.011)
-    controller.costs.observe_draft("draft-model", 0.003, 1)
+    measured(controller, (0, 0.010), (4, 0.011))
+    controller.cost.observe_draft("draft-model", 0.003, 1)
     rows = _rows(16)
     _measure_batch(controller)
     choose = controller._choose
@@ -261,31 +273,42 @@ def test_one_row_a_step_tries_a_model_drafter_nobody_has_run():
     controller = AdaptiveController(ControllerSettings(
         drafters=("draft-model",), 
         prior_means={"draft-model": 0.95}))
-    controller.costs.observe_verify(1, 0.010)
-    controller.costs.observe_verify(5, 0.011)
-    controller.costs.observe_draft("draft-model", 0.0001, 1)  # cheap a token (a warm start)
+    measured(controller, (0, 0.010), (4, 0.011))
+    controller.cost.observe_draft("draft-model", 0.0001, 1)  # cheap a token (a warm start)
     rows = _rows(8)
     _measure_batch(controller)
     chosen = [drafter for drafter, *_ in controller.decide(Step(rows, Lookups().peek))]
     assert chosen.count("draft-model") == 1, chosen
-    controller.costs.observe_prefill("draft-model", 0.0001, 0, 8)  # its start-up, measured
+    controller.cost.observe_prefill("draft-model", 0.0001, 0, 8)  # its start-up, measured
     assert all(drafter == "draft-model" for drafter, *_ in controller.decide(Step(rows, Lookups().peek)))
 
 
 def test_a_drafted_step_s_jump_goes_stale_without_drafted_steps():
-    """One slow drafted step must not keep a batch plain for good: after STALE_JUMP_STEPS
-    plain steps the jump it measured is priced 0 again, until a drafted step measures it."""
-    from autospec.controller.batch import STALE_JUMP_STEPS
-    cost = BatchCost()
+    """One slow drafted step must not keep a batch plain for good: after `stale_after` plain
+    steps what drafted steps cost is trusted less, the jump priced 0 after twice that, until a
+    drafted step measures it afresh. The same rule at one row: the slope falls to the flat,
+    memory-bound prior."""
+    cost = StepCost(16, stale_after=8)
     for _ in range(6):
         cost.observe(16, 16, 0.019)
-    cost.observe(16, 35, 0.039)  # a first drafted step, twice its usual cost
-    assert cost.line(None)[3] > 0.001
-    for _ in range(int(STALE_JUMP_STEPS)):
+    cost.observe(16, 35, 0.039, width=3)  # a first drafted step, twice its usual cost
+    assert cost.plane()[3] > 0.001
+    for _ in range(8):
         cost.observe(16, 16, 0.019)
-    assert cost.line(None)[3] == 0.0
-    cost.observe(16, 35, 0.039)
-    assert cost.line(None)[3] > 0.001
+    assert 0.0 < cost.plane()[3]
+    for _ in range(8):
+        cost.observe(16, 16, 0.019)
+    assert cost.plane()[3] == 0.0
+    cost.observe(16, 35, 0.039, width=3)
+    assert cost.plane()[3] > 0.001
+    one_row = StepCost(16, stale_after=8)
+    for _ in range(4):
+        one_row.observe(1, 1, 0.010)
+        one_row.observe(1, 9, 0.018)
+    assert one_row.prices(1).step(8) == pytest.approx(0.018, rel=0.05)
+    for _ in range(16):
+        one_row.observe(1, 1, 0.010)
+    assert one_row.prices(1).step(8) == pytest.approx(0.010, rel=0.05)
 
 
 def test_a_step_cap_bounds_the_batch_s_step():
@@ -339,15 +362,14 @@ def test_a_step_cap_below_a_plain_step_is_refused():
 
 
 def test_a_step_s_price_at_a_size_its_steps_measured_follows_them():
-    """The plane is one line over every size; a CPU's step is not linear in the rows (here
-    1.5 ms a row to 6 rows, a 16-row step 16 ms where the small steps' plane says ~28). With
-    most steps small, the line's 16-row plain step is far off; the residuals of the steps
+    """The plane is one over every size; a CPU's step is not linear in the rows (here 1.5 ms
+    a row to 6 rows, a 16-row step 16 ms where the small steps' plane says ~28). With most
+    steps small, the plane's 16-row plain step is far off; the residuals of the steps
     measured at 16 rows (plain and drafted apart) bring both back; a size never measured
-    moves by nothing, and a kind not measured at a size moves with the other."""
+    moves by nothing, and a drafted width not measured at a size moves with its plain steps."""
     import random
     rng = random.Random(0)
-    cost = BatchCost()
-    anchor = (0.0055, 0.0003)
+    cost = StepCost(16)
 
     def seconds(rows, drafted):
         plain = 0.004 + 0.0015 * rows if rows <= 6 else 0.016
@@ -355,32 +377,27 @@ def test_a_step_s_price_at_a_size_its_steps_measured_follows_them():
 
     def step(rows, drafted):
         taken = seconds(rows, drafted)
-        cost.observe_step(rows, rows + drafted, taken, 2 if drafted else 1)
         for _ in range(rows):
             cost.observe(rows, rows + drafted, taken, 1.0 / rows, 2 if drafted else 1)
 
-    for _ in range(240):
+    for i in range(600):
         step(rng.randint(2, 6), rng.choice([0, 0, rng.randint(1, 8)]))
-    for _ in range(5):
-        step(16, 0)
-        step(16, 20)
-    a, b, c, jump, w = cost.line(anchor)
-    plain, drafted = cost.residuals(16, (a, b, c, jump, w))
-    line_plain = a + 16 * (b + c)
-    assert abs(line_plain - 0.016) > 0.002  # the plane alone is off at 16 rows
-    assert line_plain + plain == pytest.approx(0.016, rel=0.05)
-    line_drafted = line_plain + 20 * c + jump + w * 16
-    assert line_drafted + drafted == pytest.approx(0.016 + 0.001 + 0.006, rel=0.05)
-    assert cost.residuals(12, (a, b, c, jump, w)) == (0.0, 0.0)
-    # a controller prices its steps so under a step cap only (its bound is in plain steps)
-    capped, free = (AdaptiveController(ControllerSettings(drafters=("ngram",), step_cap=cap))
-                    for cap in (1.25, 0.0))
-    capped.batch_cost = free.batch_cost = cost
-    moved = cost.residuals(16, cost.line(None))[0]  # these controllers ran no batch of one
-    assert moved < 0.0
-    assert capped._prices(16).step(0) == pytest.approx(free._prices(16).step(0) + moved)
-    cost.observe_step(9, 9, 0.050, 1)  # plain only at 9 rows: drafted moves with it
-    assert cost.residuals(9, (a, b, c, jump, w))[0] == cost.residuals(9, (a, b, c, jump, w))[1] > 0.0
+        if i % 12 == 0:
+            step(16, 0)
+            step(16, 20)
+    a, b, c, jump, w = cost.plane()
+    at_16 = cost.prices(16)
+    assert abs(a + 16 * (b + c) - 0.016) > 0.001  # the plane alone is off at 16 rows
+    assert at_16.step(0) == pytest.approx(0.016 + 16 * cost.row_overhead, rel=0.05)
+    assert at_16.step(20, 1) == pytest.approx(0.016 + 0.001 + 0.006, rel=0.05)
+    at_12 = cost.prices(12)
+    assert at_12.step(0) == pytest.approx(a + 12 * (b + c))
+    step(9, 0)  # plain only at 9 rows: its drafted steps move with it
+    a, b, c, jump, w = cost.plane()
+    at_9 = cost.prices(9)
+    moved = at_9.step(0) - (a + 9 * (b + c))
+    assert moved > 0.0
+    assert at_9.step(4, 1) == pytest.approx(at_9.step(0) + 4 * c + jump + 9 * w)
 
 
 def test_a_run_of_drafted_steps_keeps_what_a_plain_step_costs():
@@ -389,13 +406,14 @@ def test_a_run_of_drafted_steps_keeps_what_a_plain_step_costs():
     (discounted together, it priced it 15 % over here, and the drafting jump under)."""
     import random
     rng = random.Random(0)
-    cost = BatchCost()
+    cost = StepCost(16)
     for _ in range(10):
         cost.observe(16, 16, 0.085 + rng.gauss(0, 0.002))
     for _ in range(150):
         drafted, width = rng.randint(10, 40), rng.randint(2, 6)
         cost.observe(16, 16 + drafted, 0.105 + 0.0008 * drafted + 0.0032 * (width - 1)
                      + rng.gauss(0, 0.003), width=width)
-    a, b, c, jump, _ = cost.line((0.030, 0.0015))  # a batch-1 line pulling the other way
+    cost.seed(0.030, 0.0015)  # a batch-1 line pulling the other way
+    a, b, c, jump, _ = cost.plane()
     assert a + 16 * b + 16 * c == pytest.approx(0.085, rel=0.05)
     assert jump > 0.010

@@ -5,10 +5,11 @@ cold start, an allocation, a noisy neighbour — must still reach n-gram with K 
 bounded number of steps. Before the fix, those forwards fixed the verify line's slope and
 K = 0 ran forever: plain steps never measure a slope, so nothing corrected it.
 """
+import pytest
 from rows import row
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.controller.estimates import CostModel
+from autospec.controller.cost import StepCost
 from autospec.controller.interface import Lookups, Outcome, Step, decide_one, observe_one
 from autospec.telemetry import StepRecord
 
@@ -61,16 +62,18 @@ def test_the_premise_without_the_fix_it_locks_in():
     assert sum(k == 0 for _, k in late) >= 90
 
 
-def test_cost_model_staleness():
-    costs = CostModel(8, stale_after=10)
-    costs.observe_verify(1, 0.01)
-    costs.observe_verify(5, 0.5)  # slow: the slope is now steep
-    steep = costs.verify_seconds()
-    assert steep[4] > 10 * steep[0]
+def test_step_cost_staleness():
+    cost = StepCost(8, stale_after=10)
+    for _ in range(2):
+        cost.observe(1, 1, 0.01)
+        cost.observe(1, 5, 0.5)  # slow: drafting is now dear
+    steep = cost.prices(1)
+    assert steep.step(4) > 10 * steep.step(0)
     for _ in range(10):
-        costs.observe_verify(1, 0.01)
-    assert costs.verify_seconds()[4] > 5 * costs.verify_seconds()[0]  # 10 plain: still trusted
+        cost.observe(1, 1, 0.01)
+    now = cost.prices(1)
+    assert now.step(4) > 5 * now.step(0)  # 10 plain: still trusted
     for _ in range(10):  # 20 plain forwards since the last drafted one: the slope has gone
-        costs.observe_verify(1, 0.01)
-    flat = costs.verify_seconds()
-    assert flat[4] == flat[0]
+        cost.observe(1, 1, 0.01)
+    flat = cost.prices(1)
+    assert flat.step(4) == pytest.approx(flat.step(0), rel=1e-9)

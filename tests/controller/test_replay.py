@@ -112,10 +112,11 @@ def test_controller_finds_the_closed_form_optimum(alpha, c):
     trace = geometric_trace(alpha, c)
     ctl = AdaptiveController(ControllerSettings(drafters=("synthetic",)))
     steps = replay(trace, ctl)[0].step_records
-    best_k = int(np.argmax(speedup(np.full(8, alpha), c, np.array(trace.verify_seconds))))
+    rates = speedup(np.full(8, alpha), c, np.array(trace.verify_seconds))
+    best = [k for k, rate in enumerate(rates) if rate >= rates.max() * (1 - 1e-3)]  # ties: all
     after_warmup = steps[50:]
-    near = sum(abs(s.k - best_k) <= 1 for s in after_warmup) / len(after_warmup)
-    assert near >= 0.9, (best_k, near)
+    near = sum(min(abs(s.k - k) for k in best) <= 1 for s in after_warmup) / len(after_warmup)
+    assert near >= 0.9, (best, near)
 
 
 def test_controller_picks_plain_for_a_useless_drafter():
@@ -136,7 +137,7 @@ def test_predictions_converge_to_measurements():
     measured_tokens = np.mean([s.emitted for s in chosen])
     measured_seconds = np.mean([s.draft_seconds + s.verify_seconds for s in chosen])
     predicted_tokens = expected_tokens(np.full(8, 0.8))[k]
-    predicted_seconds = ctl.costs.draft["synthetic"] * k + ctl.costs.verify_seconds()[k]
+    predicted_seconds = ctl.cost.draft["synthetic"] * k + ctl.cost.prices(1).step(k)
     assert measured_tokens == pytest.approx(predicted_tokens, rel=0.1)
     assert measured_seconds == pytest.approx(predicted_seconds, rel=0.1)
 
@@ -159,7 +160,9 @@ def test_warm_start_reaches_steady_state_sooner():
                            yesterday=geometric_trace(0.8, 0.1, n=600, seed=1))
     assert figures["warm_steps_to_steady"] == 0
     assert figures["cold_steps_to_steady"] > 0
-    assert figures["tokens_per_s"]["warm"] == pytest.approx(figures["tokens_per_s"]["steady"], rel=0.02)
+    # 4 %: at alpha 0.8 K = 5 and 6 are 0.7 % apart in expected rate, and a price 1e-5 s
+    # apart (the warm one's sizes not yet measured) flips a request's choice between them
+    assert figures["tokens_per_s"]["warm"] == pytest.approx(figures["tokens_per_s"]["steady"], rel=0.04)
 
 
 def test_unlabelled_and_pooled_are_two_keys():
@@ -197,7 +200,8 @@ def test_learner_round_trips_through_store_estimates():
         estimates.setdefault(e.workload, {})[e.drafter] = e
     again = Learner(k_max=8).restore(estimates)
     assert again.snapshot()["acceptance"] == learner.snapshot()["acceptance"]
-    assert again.costs.line() == pytest.approx(learner.costs.line(), rel=1e-6)
+    # the store's rows keep one row's line (the plane itself is kept apart: daemon tests)
+    assert again.cost.line() == pytest.approx(learner.cost.line(), rel=0.02)
     assert np.mean(learner.acceptance["*"]["synthetic"].rates()[:3]) == pytest.approx(0.7, abs=0.1)
 
 
@@ -245,46 +249,46 @@ def _replay_digests() -> dict[str, str]:
 
 
 PINNED_DIGESTS: dict[str, str] = {
-    'heldout.json adaptive': '93d12cc92917cab1',
-    'heldout.json adaptive:policies/default.yaml': '93d12cc92917cab1',
-    'heldout.json adaptive:policies/mixed.yaml': '81b396011da3e147',
+    'heldout.json adaptive': '1a5d315524a043a6',
+    'heldout.json adaptive:policies/default.yaml': '1a5d315524a043a6',
+    'heldout.json adaptive:policies/mixed.yaml': '56148d879e1b43bb',
     'heldout.json ctl:ema': '209c133caf495c4c',
     'heldout.json ctl:fixed:ngram:3': '77663757065c52ec',
     'heldout.json ctl:hf-heuristic': '6ff922a7a35c2180',
     'heldout.json plain': '14b5231eecd24b66',
     'heldout.json static:ngram:4': '7433d2e083db39c8',
-    'heldout.json tuned': 'a2583fb81958cc40',
-    'heldout.json warm': 'be06da361002b2dc',
-    'mixed.json adaptive': 'f8c19e798721a1be',
-    'mixed.json adaptive:policies/default.yaml': 'f8c19e798721a1be',
-    'mixed.json adaptive:policies/mixed.yaml': '6a7b2b5841b2a033',
+    'heldout.json tuned': '53b6ce5a362eeffe',
+    'heldout.json warm': '6d87c974b3e411b1',
+    'mixed.json adaptive': '3dd2839f1e43eb2f',
+    'mixed.json adaptive:policies/default.yaml': '3dd2839f1e43eb2f',
+    'mixed.json adaptive:policies/mixed.yaml': 'bcb2f71b1ec71266',
     'mixed.json ctl:ema': '04d70a1ae0ffc7ae',
     'mixed.json ctl:fixed:ngram:3': '087b2018e4f735a3',
     'mixed.json ctl:hf-heuristic': 'e414612228efcf5e',
     'mixed.json plain': '0c697110916a5d3f',
     'mixed.json static:ngram:4': '720984396261315b',
-    'mixed.json tuned': 'ab690724e1778c59',
-    'mixed.json warm': '9b81d9e34e2700f5',
-    'reference.json adaptive': '0f98dc6801cb8068',
-    'reference.json adaptive:policies/default.yaml': '0f98dc6801cb8068',
-    'reference.json adaptive:policies/mixed.yaml': 'eee30b43b8ea16cb',
+    'mixed.json tuned': 'ec02540bd6614b94',
+    'mixed.json warm': '25d815c046a310cb',
+    'reference.json adaptive': '105644c933f049a6',
+    'reference.json adaptive:policies/default.yaml': '105644c933f049a6',
+    'reference.json adaptive:policies/mixed.yaml': 'ad070a7797cef3a8',
     'reference.json ctl:ema': 'a00ffbfdf8be5746',
     'reference.json ctl:fixed:ngram:3': '6c61f0b3ffc00233',
     'reference.json ctl:hf-heuristic': '3b19c4c998ae965e',
     'reference.json plain': 'e0807f303b20c56c',
     'reference.json static:ngram:4': '480d67b7c2608bb2',
-    'reference.json tuned': '0a73560ab84ac8ff',
-    'reference.json warm': 'ae165abfc9cfdf50',
-    'smollm2-chat.json adaptive': 'fa7e39fb969fb1f4',
-    'smollm2-chat.json adaptive:policies/default.yaml': 'fa7e39fb969fb1f4',
-    'smollm2-chat.json adaptive:policies/mixed.yaml': 'd30eba7022f65113',
+    'reference.json tuned': '2883b2d4324b025c',
+    'reference.json warm': 'c364b35263de9ed3',
+    'smollm2-chat.json adaptive': 'd307ac97d8fc71ef',
+    'smollm2-chat.json adaptive:policies/default.yaml': 'd307ac97d8fc71ef',
+    'smollm2-chat.json adaptive:policies/mixed.yaml': '3f35fa38c2311d1a',
     'smollm2-chat.json ctl:ema': '90dcc18c84f3f18a',
     'smollm2-chat.json ctl:fixed:ngram:3': '9838bf6423efde61',
     'smollm2-chat.json ctl:hf-heuristic': '177c8c17a920862d',
     'smollm2-chat.json plain': 'befa3c5a60a9b238',
     'smollm2-chat.json static:ngram:4': '24956f14207b5cfb',
-    'smollm2-chat.json tuned': 'a2684f70cb728981',
-    'smollm2-chat.json warm': 'b2216995057ead68',
+    'smollm2-chat.json tuned': 'c75f1ac1be804e7a',
+    'smollm2-chat.json warm': '80c2429531dfc5df',
 }
 
 
@@ -378,5 +382,5 @@ def test_the_controller_and_the_daemon_learn_by_one_rule():
         learner.observe(r)
     ours, theirs = ctl.learning.estimate("synthetic", "synthetic"), learner.acceptance["synthetic"]["synthetic"]
     assert theirs.mean() == pytest.approx(ours.mean())
-    assert learner.costs.verify_list() == pytest.approx(ctl.costs.verify_list())
-    assert learner.costs.draft == pytest.approx(ctl.costs.draft)
+    assert learner.cost.prices(1).table == pytest.approx(ctl.cost.prices(1).table)
+    assert learner.cost.draft == pytest.approx(ctl.cost.draft)

@@ -172,9 +172,10 @@ def test_sigterm_flushes_and_exits_zero_then_restarts_warm(tmp_path):
         again.stop()
 
 
-def test_the_batch_cost_survives_a_restart(tmp_path):
-    """Batched steps teach the batch cost s(B, T); the store keeps it per pair and hardware and
-    a restarted daemon serves it (a new server's controller starts from it: warm_start)."""
+def test_the_step_cost_survives_a_restart(tmp_path):
+    """Batched steps teach the step cost's plane (controller/cost.py); the store keeps it per
+    pair and hardware and a restarted daemon serves it (a new server's controller starts from
+    it: warm_start)."""
     import dataclasses
     batched = []
     for i in range(8):
@@ -190,12 +191,12 @@ def test_the_batch_cost_survives_a_restart(tmp_path):
     again = start_daemon(tmp_path, name="again")
     try:
         params = request(again.url, "GET", "/v1/params?model_pair=pair&hardware=cpu:test")[1]
-        saved = params["estimates"]["batch_cost"]
+        saved = params["estimates"]["step_cost"]
         assert saved["observed"] > 4
         from autospec.controller.adaptive import AdaptiveController
         controller = AdaptiveController()
         controller.warm_start(params["estimates"])
-        a, b, c, jump, pad = controller.batch_cost.line(None)
+        a, b, c, jump, pad = controller.cost.plane()
         # seconds per token of the batched forward: rows of one width pad nothing, so a
         # drafted token's cost is c + w there, however the fit splits it
         assert c + pad == pytest.approx(0.001, rel=0.1)

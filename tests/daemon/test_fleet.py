@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 import urllib.parse
 
+import pytest
+
 from processes import batch, record, request, start_daemon, wait_for
 
 from autospec.daemon.learner import SLOW_DISCOUNT
@@ -144,17 +146,17 @@ def test_three_serve_processes_report_to_a_fleet_of_two_daemons(tmp_path, postgr
             proc.stop()
 
 
-def test_the_fleet_s_batch_cost_adds_daemons_of_either_layout():
-    """A daemon of an older version kept fewer features and no plain steps apart: the fleet's
-    batch cost still adds its statistics to a current daemon's."""
-    from autospec.controller.batch import BatchCost
-    from autospec.daemon.learner import fleet_batch_cost
-    new = BatchCost()
+def test_the_fleet_s_step_cost_adds_daemons_of_either_layout():
+    """A daemon of an older version kept a batch cost of fewer features and no plain steps
+    apart: the fleet's step cost still adds its statistics to a current daemon's."""
+    from autospec.controller.cost import StepCost
+    from autospec.daemon.learner import fleet_step_cost
+    new = StepCost(16)
     for drafted in (0, 8, 0, 24):
         new.observe(4, 4 + drafted, 0.01 + 0.001 * drafted, width=1 + drafted // 4)
     old = {"xtx": [1.0] * 16, "xty": [0.5] * 4, "observed": 2.0}  # 4 features, one stratum
-    fleet = BatchCost().restore(fleet_batch_cost([new.state(), old]))
-    assert fleet.observed == new.observed + 2.0
+    fleet = StepCost(16).restore(fleet_step_cost([new.state(), old]))
+    assert fleet.observed == pytest.approx(new.observed + 2.0)
     state, mine = fleet.state(), new.state()
     assert state["plain_xtx"] == mine["plain_xtx"]
     assert state["xtx"][0] == mine["xtx"][0] + 1.0 and state["xtx"][4] == mine["xtx"][4]
