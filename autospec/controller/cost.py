@@ -56,6 +56,11 @@ UNMEASURED_PRIOR = 0.05
 # noise that replay cannot judge (a trace's costs are exact): chosen, not measured
 SIZE_PRIOR = 4.0
 CLIP = 3.0  # an observation over CLIP x its prediction (a cold start, a hiccup) is clipped
+# steps a solved plane serves while steps of the same kind come (a kind's first step, or a
+# stale spell, solves it at once): solving it is most of the model's time on the per-step path
+# (~25 us of 45 here), and between solves the sizes' residuals, updated every step, keep the
+# measured sizes' prices exact
+REFRESH = 4.0
 
 
 def step_features(rows: int, positions: int, width: int = 1) -> tuple[float, ...]:
@@ -145,11 +150,13 @@ class StepCost:
         self.steps = 0.0  # steps (each row of a batch 1 / rows of one)
         self._since_drafted = 0.0  # steps since the last drafted one
         self._sizes: dict[tuple[int, int], _Size] = {}  # (rows, widest drafted)
+        self._drafted_then: bool | None = None  # the last solve's latest step drafted
         self._overhead = RunningMedian()
         self.draft: dict[str, float] = {}  # drafter -> seconds per drafted token
         self.prefill: dict[str, float] = {}  # drafter -> seconds per context token at start-up
-        self._plane: tuple[float, ...] | None = None  # solved; kept until the next observation
+        self._plane: tuple[float, ...] | None = None  # solved; kept REFRESH steps
         self._last_plane: tuple[float, ...] | None = None  # the last solved (for the clip)
+        self._solved_at = 0.0  # `steps` when it was solved
         self._prices: dict[int, Prices] = {}
 
     # -- observing -------------------------------------------------------------------------
@@ -194,7 +201,10 @@ class StepCost:
         size.seconds += (seconds - size.seconds) * share
         self.observed = self.observed * keep + weight
         self.steps += weight
-        self._changed()
+        self._prices = {}
+        if (self.steps - self._solved_at >= REFRESH or drafted != self._drafted_then
+                or self._since_drafted > self.stale_after > 0):
+            self._plane = None
 
     def observe_overhead(self, seconds: float, weight: float = 1.0) -> None:
         """A step's seconds per row outside its forward and its drafts (Engine.advance
@@ -225,6 +235,7 @@ class StepCost:
 
     def _changed(self) -> None:
         self._plane, self._prices = None, {}
+        self._drafted_then = None
 
     # -- reading ---------------------------------------------------------------------------
     @property
@@ -238,6 +249,7 @@ class StepCost:
             return None
         if self._plane is None:
             self._plane = self._last_plane = self._solve()
+            self._solved_at, self._drafted_then = self.steps, self._since_drafted == 0.0
         return self._plane
 
     def _trust(self) -> float:
@@ -258,24 +270,20 @@ class StepCost:
         a, b, c, jump, width = solve(xtx, xty)
         return a, b, max(c, 0.0), max(jump, 0.0), max(width, 0.0)
 
-    def residual(self, rows: int, widest: int, plane: tuple[float, ...]) -> float:
-        """What a size's steps took beyond `plane`, by their weight: (rows, 0) towards 0,
-        a drafted width towards (rows, 0)'s; drafted sizes faded as the plane's drafted
-        evidence is."""
-        plain = self._sizes.get((rows, 0))
-        base = 0.0 if plain is None else (plain.seconds - _dot(plane, plain.x)) * plain.count / (
-            plain.count + SIZE_PRIOR)
-        if not widest:
-            return base
+    def _beyond(self, rows: int, widest: int, plane: tuple[float, ...]) -> tuple[float, float]:
+        """(what the size's steps took beyond `plane`, their count; 0, 0 where none)."""
         size = self._sizes.get((rows, widest))
         if size is None or size.count <= 0.0:
-            return base
-        n = size.count * self._trust()
-        own = size.seconds - _dot(plane, size.x)
-        return base + (own - base) * n / (n + SIZE_PRIOR)
+            return 0.0, 0.0
+        a, b, c, jump, width = plane
+        x = size.x
+        return (size.seconds - a - b * x[1] - c * x[2] - jump * x[3] - width * x[4],
+                size.count)
 
     def prices(self, rows: int) -> Prices | None:
-        """The step's prices at `rows` rows (None before MIN_STEPS steps: plain)."""
+        """The step's prices at `rows` rows (None before MIN_STEPS steps: plain). A size's
+        residual, by its steps' count n: (rows, 0)'s own towards 0, a drafted width's towards
+        (rows, 0)'s, faded as the plane's drafted evidence is."""
         cached = self._prices.get(rows)
         if cached is not None:
             return cached
@@ -284,12 +292,17 @@ class StepCost:
             return None
         a, b, c, jump, width = plane
         overhead = self.row_overhead
-        plain = self.residual(rows, 0, plane)
+        own, n = self._beyond(rows, 0, plane)
+        plain = own * n / (n + SIZE_PRIOR)
         fixed = max(a + (b + c + overhead) * rows + plain, 1e-6)
-        residuals = (0.0,) + tuple(self.residual(rows, k, plane) - plain
-                                   for k in range(1, self.k_max + 1))
-        single = max(a + b + c + overhead + self.residual(1, 0, plane), 1e-6)
-        out = self._prices[rows] = Prices(rows, fixed, c, residuals, single, jump, width)
+        trust, residuals = self._trust(), [0.0]
+        for k in range(1, self.k_max + 1):  # relative to the plain step's
+            own, n = self._beyond(rows, k, plane)
+            n *= trust
+            residuals.append((own - plain) * n / (n + SIZE_PRIOR) if n else 0.0)
+        own, n = self._beyond(1, 0, plane)
+        single = max(a + b + c + overhead + own * n / (n + SIZE_PRIOR), 1e-6)
+        out = self._prices[rows] = Prices(rows, fixed, c, tuple(residuals), single, jump, width)
         return out
 
     def line(self) -> tuple[float, float] | None:
