@@ -4,9 +4,9 @@ import pytest
 
 from autospec.controller.factory import make_controller
 from autospec.drafters.base import available_drafters
+from autospec.drafters.lookups import Lookups
 from autospec.method import Method, is_adaptive, parse_method, parse_methods
-from autospec.controller.interface import (PLAIN, Decision, Lookups, Outcome, Step, decide_one,
-                                           observe_one)
+from autospec.controller.interface import PLAIN, Decision, Outcome, Step, decide_one, observe_one
 from conftest import REPO_ROOT
 
 POLICY = REPO_ROOT / "policies" / "mixed.yaml"

@@ -1,10 +1,11 @@
-"""A recorded target: what the engine's driving loop (engine/jobs.py: `Engine.run`, `advance`)
+"""A recorded target: what the engine's driving loop (engine/jobs.py: `Host.run`, `advance`)
 steps when it replays a trace instead of running a model. Replay is that loop: the same
 controller calls (bind, chunk budget, decide with a peek, observe, release), the same closed
 and open loops, the same StepRecords; only the step's verify and accept come from the trace.
 
-`RecordedEngine` offers what jobs.py calls on an engine (start, unfilled, fill, peek,
-step_batch, finish, abandon, runnable_drafters, clock, idle) over a Trace (bench/trace.py):
+`RecordedEngine` is a `Host` (engine/jobs.py) and implements its abstract hooks (start,
+unfilled, fill, step_batch, clock, idle, runnable_drafters, _release) over a Trace
+(bench/trace.py):
 - a row's draft agrees with the target for `match[drafter][t]` tokens of the `proposed`
   length the trace recorded at its output position t, so a step that drafts K accepts
   min(match, proposed, K) and appends the recorded output: under greedy decoding exactly
@@ -20,9 +21,10 @@ step_batch, finish, abandon, runnable_drafters, clock, idle) over a Trace (bench
   `prefill_chunk`;
 - not simulated: chunked prefill, and the controller's own seconds (0: a replay is
   deterministic).
-What it keeps of its requests besides the step (a row each, their look-up drafters, finish,
-abandon, peek) is the engine's own: `Host` (engine/jobs.py); here only its rows, its clock
-and what a look-up costs.
+The loop itself (`run`, `advance`) and what it keeps of its requests besides the step (each
+controller bound once, their look-up drafters, finish, abandon, peek) are `Host`'s, as the
+engine's are; here only the hooks: its rows, its clock, the step, and what a look-up costs
+(`_lookup_seconds`, in place of Host's wall-clock default).
 
 Replay itself (`replay`, `replay_batch`, `autospec replay --rows N`): N closed-loop clients
 over the trace's requests, every step charged the trace's prices (`trace_prices`: the
@@ -68,7 +70,7 @@ class RecordedEngine(Host):
                                  default=0) + 1
         self.now = 0.0  # simulated seconds since the engine was made
 
-    # -- what jobs.py reads besides the step -----------------------------------------------
+    # -- Host's hooks (engine/jobs.py) besides the step -------------------------------------
     def clock(self) -> float:
         return self.now
 
@@ -110,7 +112,7 @@ class RecordedEngine(Host):
 
     def _lookup_seconds(self, name: str, draft: Draft, t0: float) -> float:
         """A look-up (`peek`: the look-up drafter's real proposal on the row's tokens) is
-        charged its recorded seconds per drafted token, now (Engine.peek's contract)."""
+        charged its recorded seconds per drafted token, now (Host.peek's contract)."""
         seconds = self.trace.draft_seconds_per_token.get(name, 0.0) * len(draft.tokens)
         self.now += seconds
         return seconds

@@ -1,8 +1,9 @@
 """The one contract between a controller and the loop that hosts it.
 
-Three hosts drive a controller, and each needs only this module and the drafter registry:
-the engine (`engine/jobs.py`, one step over its rows), replay (`bench/recorded.py`, the same
-loop over a recorded target) and vLLM's proposer (`autospec/vllm/proposer.py`). A host
+Three hosts drive a controller, and each needs only this module and the drafter registry
+(and, a host without an engine, its look-ups: `drafters/lookups.py`): the engine
+(`engine/jobs.py`, one step over its rows), replay (`bench/recorded.py`, the same loop over a
+recorded target) and vLLM's proposer (`autospec/vllm/proposer.py`). A host
 
 1. tells the controller once, before its first step, which drafters it can run (`bind`);
 2. asks, when a prompt chunk would ride in the step, how many tokens may (`chunk_budget`);
@@ -18,15 +19,13 @@ is what the drafter's class declares (`Drafter.peekable`, `cost_hint`), never it
 """
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, Protocol, Sequence
 
 from autospec.confidence import StopRule
-from autospec.drafters.base import (Draft, DraftContext, Drafter, check_draft, create_drafter,
-                                    drafter_class)
-from autospec.models.sampling import SamplingParams
+from autospec.drafters.base import Draft
+from autospec.drafters.lookups import Lookups
 from autospec.telemetry import StepRecord
 
 
@@ -143,48 +142,9 @@ class StaticController(RowController):
         return Decision(self.drafter, self.k)
 
 
-def lookup_drafters(names: Sequence[str]) -> tuple[str, ...]:
-    """The look-up drafters among `names` (no model forward: a host without models runs them)."""
-    return tuple(name for name in names if drafter_class(name).peekable)
-
-
-@dataclass
-class Lookups:
-    """A host's look-up drafters, one per (row, drafter), made from the registry: the `peek` of
-    a host that has no engine (replay, the vLLM proposer). `seconds` sums the look-ups' time
-    since the last `take_seconds`."""
-    options: dict[str, dict] = field(default_factory=dict)
-    models: object = None
-    _drafters: dict[tuple[str, str], Drafter] = field(default_factory=dict)
-    _seconds: float = 0.0
-
-    def peek(self, row: Row, name: str, k: int) -> Draft | None:
-        if not drafter_class(name).peekable:
-            return None
-        key = (row.request_id, name)
-        drafter = self._drafters.get(key)
-        if drafter is None:
-            drafter = self._drafters[key] = create_drafter(name, self.models,
-                                                           **self.options.get(name, {}))
-        t0 = time.perf_counter()
-        draft = check_draft(name, drafter.propose(DraftContext(row.tokens, SamplingParams(),
-                                                               None, row.prompt_len), k))
-        self._seconds += time.perf_counter() - t0
-        return draft
-
-    def take_seconds(self) -> float:
-        seconds, self._seconds = self._seconds, 0.0
-        return seconds
-
-    def release(self, row: Row) -> None:
-        """The row's request has ended (or was aborted): its drafters publish and go."""
-        for key in [key for key in self._drafters if key[0] == row.request_id]:
-            drafter = self._drafters.pop(key)
-            drafter.finish(DraftContext(row.tokens, SamplingParams(), None, row.prompt_len))
-
-
 def decide_one(controller: Controller, row: Row, peek: Peek | None = None) -> Decision:
-    """A batch of one (a caller that steps one row: tests, simple scripts)."""
+    """A batch of one (a caller that steps one row: tests, simple scripts); its peek by
+    default a fresh `Lookups`' (drafters/lookups.py)."""
     return controller.decide(Step([row], peek or Lookups().peek))[0]
 
 

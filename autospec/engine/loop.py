@@ -46,7 +46,8 @@ class Engine(Host):
     """Speculative decoding over a ModelPair, up to `max_batch` requests at once, each in a row
     of `max_len` positions (default: the target's limit; the cache grows as rows reach
     further). Thread-compatible, not thread-safe. What it keeps of its requests besides the
-    step (finish, abandon, peek, their drafters), and the driving loop: `Host`, engine/jobs.py."""
+    step (finish, abandon, peek, their drafters) and the driving loop (`run`, `advance`) are
+    its abstract base's, `Host` (engine/jobs.py), whose hooks it implements."""
 
     def __init__(self, models: ModelPair, drafter_options: dict[str, dict] | None = None, *,
                  max_batch: int = 1, max_len: int | None = None,
@@ -138,7 +139,7 @@ class Engine(Host):
             self._forward([request.slot], [request.tokens[start:end]], last=1)
             self.cache.lengths[request.slot] = end
 
-    # finish, abandon, peek, drafter_for: Host (engine/jobs.py), over these rows and this text
+    # its rows (taken by prefill; freed by Host's finish and abandon, engine/jobs.py), its text
     def _claim(self) -> int:
         return self.cache.claim()
 
@@ -337,7 +338,7 @@ class Engine(Host):
         return self.cache.forward(self.models.target, self.kwarg, slots, inputs,
                                   self.models.max_positions, last, scored)
 
-    # -- the driving loop: engine/jobs.py ----------------------------------------------------
+    # -- Host's other hooks (engine/jobs.py: the driving loop) -------------------------------
     def clock(self) -> float:  # a recorded target's is simulated (bench/recorded.py)
         return time.perf_counter()
 

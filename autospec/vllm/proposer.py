@@ -34,9 +34,10 @@ import time
 from dataclasses import dataclass, field
 
 from autospec.controller.adaptive import AdaptiveController
-from autospec.controller.interface import Lookups, Outcome, Step, lookup_drafters
+from autospec.controller.interface import Outcome, Step
 from autospec.controller.settings import ControllerSettings
 from autospec.drafters.base import Draft, create_drafter, drafter_class, known_drafters
+from autospec.drafters.lookups import Lookups, lookup_drafters
 from autospec.telemetry import StepRecord, summarise
 
 log = logging.getLogger("vllm.autospec")  # under vLLM's logger: its handlers and format

@@ -9,8 +9,7 @@ from autospec.controller.decide import NO_DRAFTER, choose_drafter
 from autospec.controller.cost import StepCost
 from autospec.controller.estimates import AcceptanceEstimate
 from autospec.controller.formulas import expected_tokens, speedup
-from autospec.controller.interface import (PLAIN, Decision, Lookups, Outcome, Step, decide_one,
-                                           observe_one)
+from autospec.controller.interface import PLAIN, Decision, Outcome, Step, decide_one, observe_one
 from conftest import assert_lossless
 
 

@@ -13,8 +13,8 @@ from autospec.controller.cost import Prices, StepCost
 from autospec.engine.loop import Engine
 from autospec.engine.request import Job
 from autospec.telemetry import StepRecord
-from autospec.controller.interface import (PLAIN, Decision, Lookups, Outcome, Step, decide_one,
-                                           observe_one)
+from autospec.controller.interface import PLAIN, Decision, Outcome, Step, decide_one, observe_one
+from autospec.drafters.lookups import Lookups
 from conftest import NEAR_TIE, divergences
 
 

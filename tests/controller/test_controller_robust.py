@@ -10,7 +10,7 @@ from rows import row
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
 from autospec.controller.cost import StepCost
-from autospec.controller.interface import Lookups, Outcome, Step, decide_one, observe_one
+from autospec.controller.interface import Outcome, Step, decide_one, observe_one
 from autospec.telemetry import StepRecord
 
 PERIOD = list(range(100, 140))  # a 40-token cycle: the prompt holds it twice, the output repeats it

@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from autospec.controller.adaptive import AdaptiveController, ControllerSettings
-from autospec.controller.interface import PLAIN, Lookups, Outcome, Step
+from autospec.controller.interface import PLAIN, Outcome, Step
 from autospec.drafters import base
+from autospec.drafters.lookups import Lookups
 from autospec.telemetry import StepRecord
 
 MODULE = '''
