@@ -23,13 +23,12 @@ models/kv.py), the widest W tokens wide, after drafting. Its seconds, drafting a
   sizes on the reference pair), and under a step cap, steps of 2-6 rows outnumbered those of
   16 and the plane alone priced a plain 16-row step 32 ms where it took 22.
 - One staleness rule: drafted evidence (the drafted steps' equations, the drafted sizes) is
-  measured only by drafted steps, so once `stale_after` rows have decoded plain without a
-  drafted step (a step of B rows counts B) it is trusted less and less, none after twice
-  that, and the next drafted step starts it afresh: one slow early drafted step (a first use
-  of a forward shape) cannot keep every row plain for good. Counted in rows, one rule is both
-  of those it replaced: at 64, one row's slope faded after 64 plain forwards (the lock-in
-  test), and 16 rows' jump is gone after 8 plain steps (one slow first drafted step had kept
-  14 of 79 steps plain at 16 reference rows, adaptive 0.85x ngram:8).
+  measured only by drafted steps, so once `stale_after` steps pass without one it is trusted
+  less and less, none after twice that, and the next drafted step starts it afresh: one slow
+  early drafted step (a first use of a forward shape) cannot keep every row plain for good.
+  Counted in rows (a step of 16 counting 16, stale after 4 such steps) it made every drafted
+  token free every 8 plain steps at 16 SmolLM2 rows, and the rows drafted deep at a loss
+  (adaptive 0.74x ngram:2, accepting 29 %).
 - One overhead: the running median (robust to a one-off pause) of each step's seconds per
   row outside its forward and its drafts — proposing, accepting, the controller.
 - Each drafter's seconds per drafted token (an EWMA) and its start-up per context token.
@@ -152,7 +151,7 @@ class StepCost:
         self._drafted = normal_equations()
         self.observed = 0.0  # discounted steps
         self.steps = 0.0  # steps (each row of a batch 1 / rows of one)
-        self._since_drafted = 0.0  # rows decoded plain since the last drafted step
+        self._since_drafted = 0.0  # steps since the last drafted one
         self._sizes: dict[tuple[int, int], _Size] = {}  # (rows, widest drafted)
         self._drafted_then: bool | None = None  # the last solve's latest step drafted
         self._overhead = RunningMedian()
@@ -182,7 +181,7 @@ class StepCost:
                         size.n = size.count = 0.0
             self._since_drafted = 0.0
         else:
-            self._since_drafted += weight * rows
+            self._since_drafted += weight
         size = self._sizes.get((rows, width - 1))
         if size is None:
             size = self._sizes[rows, width - 1] = _Size()
@@ -257,7 +256,7 @@ class StepCost:
         return self._plane
 
     def _trust(self) -> float:
-        """1 while drafted evidence is fresh; falls linearly to 0 from `stale_after` plain rows
+        """1 while drafted evidence is fresh; falls linearly to 0 from `stale_after` steps
         without a drafted one to twice that."""
         if not self.stale_after or self._since_drafted <= self.stale_after:
             return 1.0

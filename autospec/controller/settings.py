@@ -41,13 +41,12 @@ class ControllerSettings:
     confidence: bool = knob(True, "price each drafted token by its own calibrated confidence "
                                   "(off: by its drafter's mean acceptance at its position)",
                             "bool")
-    # 64 rows: at one row the lock-in test recovers in ~110 steps and replay tokens/s on the
-    # shipped traces does not move (it never fires where the controller drafts); at 16 rows
-    # it is 4 plain steps, 0 trust after 8 (measured live: one slow first drafted step had
-    # kept reference rows plain, 0.85x ngram:8, where jumps went stale after 8 steps)
-    cost_stale_steps: int = knob(64, "rows decoded plain (a step of B rows counts B) without "
-                                    "a drafted step after which what drafted steps cost is "
-                                    "trusted less, not at all after as many again (0: never)",
+    # 64: the lock-in test recovers in ~110 steps; replay tokens/s on the shipped traces
+    # unchanged (it never fires where the controller drafts). Counted in rows instead (a
+    # 16-row step 16), 16 SmolLM2 rows drafted deep at a loss every few plain steps
+    cost_stale_steps: int = knob(64, "steps without a drafted one after which what drafted "
+                                    "steps cost is trusted less, not at all after as many "
+                                    "again (0: never)",
                                  "int", low=0, high=1024)
     # for an ITL p99 no worse than plain's: a token whose draft was rejected waits a whole
     # step, so bounding the step bounds the tail of inter-token latency, at a cost in throughput

@@ -284,19 +284,19 @@ def test_one_row_a_step_tries_a_model_drafter_nobody_has_run():
 
 
 def test_a_drafted_step_s_jump_goes_stale_without_drafted_steps():
-    """One slow drafted step must not keep a batch plain for good: after `stale_after` rows
-    decoded plain (64: 4 steps of 16) what drafted steps cost is trusted less, the jump priced
-    0 after twice that, until a drafted step measures it afresh. The same rule at one row: the
-    slope falls to the flat, memory-bound prior."""
-    cost = StepCost(16, stale_after=64)
+    """One slow drafted step must not keep a batch plain for good: after `stale_after` plain
+    steps what drafted steps cost is trusted less, the jump priced 0 after twice that, until a
+    drafted step measures it afresh. The same rule at one row: the slope falls to the flat,
+    memory-bound prior."""
+    cost = StepCost(16, stale_after=8)
     for _ in range(6):
         cost.observe(16, 16, 0.019)
     cost.observe(16, 35, 0.039, width=3)  # a first drafted step, twice its usual cost
     assert cost.plane()[3] > 0.001
-    for _ in range(4):
+    for _ in range(8):
         cost.observe(16, 16, 0.019)
     assert 0.0 < cost.plane()[3]
-    for _ in range(4):
+    for _ in range(8):
         cost.observe(16, 16, 0.019)
     assert cost.plane()[3] == 0.0
     cost.observe(16, 35, 0.039, width=3)
