@@ -376,7 +376,7 @@ def recorded_prices(rows: int, k_max: int, one_row: list[float],
         if rows != 1:
             raise ValueError("the trace has no batch line (recorded before batches were "
                              "calibrated): record it again (autospec bench --record)")
-        plane = [0.0] * FEATURES
+        return Prices.one_row(one_row)
     a, b, c, jump, width = plane
     if rows != 1:
         return Prices(rows, a + (b + c) * rows, c, (0.0,) * (k_max + 1), a + b + c, jump, width)
