@@ -110,7 +110,7 @@ class RecordedEngine(Host):
         self.free.append(slot)
         self.free.sort()
 
-    def _lookup_seconds(self, name: str, draft: Draft, t0: float) -> float:
+    def _lookup_seconds(self, name: str, draft: Draft, timed: float) -> float:
         """A look-up (`peek`: the look-up drafter's real proposal on the row's tokens) is
         charged its recorded seconds per drafted token, now (Host.peek's contract)."""
         seconds = self.trace.draft_seconds_per_token.get(name, 0.0) * len(draft.tokens)

@@ -4,7 +4,7 @@ runs this very loop. Its methods are the loop — `advance`, one step over the r
 (each controller's decision, one `step_batch`, every controller told), and `run`, the loop over
 many requests (closed: N clients; open: requests sent at given times), an `advance` a step —
 and what both keep of their requests besides the step (each controller bound once; finish,
-abandon, peek, their drafters). What a host supplies is declared here, abstract: its requests'
+abandon, peek; their drafters and look-ups, one `Lookups`: drafters/lookups.py). What a host supplies is declared here, abstract: its requests'
 start and prefill (`start`, `unfilled`, `fill`), the step (`step_batch`), its clock (`clock`,
 `idle`: a recorded target's is simulated, so the loop never reads the time module), the
 drafters it runs (`runnable_drafters`) and freeing a row (`_release`)."""
@@ -17,8 +17,8 @@ from collections import deque
 from typing import Callable, Iterable, Sequence
 
 from autospec.controller.interface import Controller, Outcome, StaticController, Step
-from autospec.drafters.base import (Draft, DraftContext, Drafter, check_draft, create_drafter,
-                                    drafter_class)
+from autospec.drafters.base import Draft, DraftContext, Drafter
+from autospec.drafters.lookups import Lookups
 from autospec.engine.request import Generation, Job, Proposal, Request
 from autospec.models.sampling import SamplingParams
 from autospec.telemetry import summarise
@@ -32,13 +32,31 @@ class Host(ABC):
     max_batch: int  # the rows it holds: `run` steps at most this many at once
     prefill_chunk: int | None  # a joining prompt's tokens a step (None: prompts join whole)
     packed: bool  # a chunk rides in the step's own forward, no row padded to it
-    models = None  # what a drafter is made with (none: look-up drafters only)
-    drafter_options: dict[str, dict]  # a drafter's options, by name
 
     def __init__(self) -> None:
         # the controllers this host has bound (Controller.bind: once, before their first step),
         # by id while each is alive
         self._bound: dict[int, weakref.ref] = {}
+        # its requests' drafters and the controllers' look-ups (drafters/lookups.py)
+        self.lookups = Lookups(clock=self.clock)
+
+    @property
+    def models(self):
+        """What a drafter is made with (None: look-up drafters only)."""
+        return self.lookups.models
+
+    @models.setter
+    def models(self, models) -> None:
+        self.lookups.models = models
+
+    @property
+    def drafter_options(self) -> dict[str, dict]:
+        """A drafter's options, by name (a request may carry its own: Request.drafter_options)."""
+        return self.lookups.options
+
+    @drafter_options.setter
+    def drafter_options(self, options: dict[str, dict]) -> None:
+        self.lookups.options = options
 
     # -- the driving loop ----------------------------------------------------------------------
     def run(self, jobs: Iterable[Job], controller: Controller | None = None,
@@ -199,8 +217,7 @@ class Host(ABC):
         """Free the request's row and summarise. Its drafters are told (`finish`) here, not in
         a finalizer: what they publish (suffix: to the shared index) precedes the next request."""
         self.abandon(request)
-        for drafter in request.drafters.values():
-            drafter.finish(self._context(request))
+        self.lookups.release(request, self._context(request))
         record = summarise(request.request_id, request.prompt_len, request.steps,
                            self.clock() - request.started, request.workload,
                            request.finish_reason or "length", request.method)
@@ -216,24 +233,19 @@ class Host(ABC):
     def peek(self, looked: dict[int, dict[str, Proposal]], request: Request, name: str,
              k: int) -> Draft | None:
         """The proposal look-up drafter `name` (`Drafter.peekable`: ngram, suffix; else None)
-        would make now, for a controller deciding before the step (`advance` binds `looked`):
+        would make now, for a controller deciding before the step (`_decode` binds `looked`):
         kept in looked[slot][name], the step's draft at this context (cut to its k)."""
-        if not drafter_class(name).peekable:
-            return None
-        drafter = self.drafter_for(request, name)
-        t0 = self.clock()
-        draft = check_draft(name, drafter.propose(self._context(request), k))
-        looked.setdefault(request.slot, {})[name] = Proposal(
-            len(request.tokens), k, draft, self._lookup_seconds(name, draft, t0), by_engine=False)
+        draft = self.lookups.peek(request, name, k, self._context(request))
+        if draft is not None:
+            timed = self.lookups.take_seconds()
+            looked.setdefault(request.slot, {})[name] = Proposal(
+                len(request.tokens), k, draft, self._lookup_seconds(name, draft, timed),
+                by_engine=False)
         return draft
 
     def drafter_for(self, request: Request, name: str) -> Drafter:
-        """The request's drafter `name`, made on first use (with the request's options where
-        it has its own, else the host's)."""
-        if name not in request.drafters:
-            options = self.drafter_options if request.drafter_options is None else request.drafter_options
-            request.drafters[name] = create_drafter(name, self.models, **options.get(name, {}))
-        return request.drafters[name]
+        """The request's drafter `name`, made on first use (drafters/lookups.py)."""
+        return self.lookups.drafter(request, name)
 
     def _context(self, request: Request) -> DraftContext:
         return DraftContext(request.tokens, request.sampling, request.generator,
@@ -275,9 +287,9 @@ class Host(ABC):
     def _release(self, slot: int) -> None:
         """Free row `slot` for the next request."""
 
-    def _lookup_seconds(self, name: str, draft: Draft, t0: float) -> float:
-        """What the look-up that made `draft`, begun at `t0` on this host's clock, cost."""
-        return self.clock() - t0
+    def _lookup_seconds(self, name: str, draft: Draft, timed: float) -> float:
+        """What the look-up that made `draft` cost: `timed`, as this host's clock timed it."""
+        return timed
 
     def _text(self, output: list[int]) -> str:
         """An output's text (none: a host without a tokenizer)."""

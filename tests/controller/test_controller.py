@@ -103,7 +103,8 @@ def clock(monkeypatch):
     """The engine's clock, made a FakeClock; a drafter's proposal
     costs DRAFT_S on it and a target forward (prefill, verify) VERIFY_S, and nothing else
     costs anything. (Request.started keeps the real clock: wall_seconds is not looked at.)"""
-    from autospec.engine import jobs, loop
+    from autospec.drafters import lookups
+    from autospec.engine import loop
 
     fake = FakeClock()
     monkeypatch.setattr(loop, "time", fake)  # Engine.clock too: advance's
@@ -113,7 +114,7 @@ def clock(monkeypatch):
         fake.spend(VERIFY_S)
         return forward(*args, **kwargs)
 
-    create = jobs.create_drafter  # Host.drafter_for: every drafter a request runs
+    create = lookups.create_drafter  # Lookups.drafter: every drafter a request runs
 
     def costly_drafter(*args, **kwargs):
         drafter = create(*args, **kwargs)
@@ -127,7 +128,7 @@ def clock(monkeypatch):
         return drafter
 
     monkeypatch.setattr(loop.Engine, "_forward", costly_forward)
-    monkeypatch.setattr(jobs, "create_drafter", costly_drafter)
+    monkeypatch.setattr(lookups, "create_drafter", costly_drafter)
     return fake
 
 
