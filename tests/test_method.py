@@ -5,7 +5,8 @@ import pytest
 from autospec.controller.factory import make_controller
 from autospec.drafters.base import available_drafters
 from autospec.drafters.lookups import Lookups
-from autospec.method import Method, is_adaptive, parse_method, parse_methods
+from autospec.method import (AUTOSPEC, FORMS, KNOWN, VLLM, Method, check_engine, is_adaptive,
+                             known, parse_method, parse_methods)
 from autospec.controller.interface import PLAIN, Decision, Outcome, Step, decide_one, observe_one
 from conftest import REPO_ROOT
 
@@ -26,6 +27,10 @@ POLICY = REPO_ROOT / "policies" / "mixed.yaml"
     ("hf:assisted", ("hf", None, 4, "assisted")),
     ("hf:prompt-lookup:2", ("hf", None, 2, "prompt-lookup")),
     ("oracle-per-category", ("oracle", None, None, "oracle-per-category")),
+    ("vllm:ngram:3", ("vllm", "ngram", 3, None)),
+    ("vllm:eagle:2", ("vllm", "eagle", 2, None)),
+    ("vllm:dynamic:8=1/1=4", ("vllm", "ngram", None, None)),
+    ("ours:plain", ("ours", None, None, None)),
 ])
 def test_a_method_is_parsed_into_its_fields(text, fields):
     method = parse_method(text)
@@ -49,7 +54,8 @@ def test_is_adaptive_agrees_with_the_parse_and_reads_no_policy_file():
     """The report classifies stored methods by their text: a policy file named there may
     live on another machine."""
     for text in ("plain", "static:ngram:4", "adaptive", f"adaptive:{POLICY}", "ctl:ema",
-                 "ctl:batch-table:ngram:8=1/1=4", "hf:assisted", "oracle"):
+                 "ctl:batch-table:ngram:8=1/1=4", "hf:assisted", "oracle", "vllm:ngram:2",
+                 "ours:adaptive"):
         assert is_adaptive(text) == (parse_method(text).kind == "adaptive"), text
     assert is_adaptive("adaptive:/elsewhere/policy.yaml")  # not opened
     assert not is_adaptive("adaptivex") and not is_adaptive("static:adaptive:4")
@@ -64,6 +70,14 @@ def test_is_adaptive_agrees_with_the_parse_and_reads_no_policy_file():
     ("ctl:batch-table:ngram:4", "batch table entry '4' in method 'ctl:batch-table:ngram:4' is not SIZE=K"),
     ("ctl:batch-table:ngram:0=2", "batch table entry '0=2' in method 'ctl:batch-table:ngram:0=2': SIZE must be >= 1"),
     ("ctl:batch-table:ngram:2=1/2=3", "lists a batch size twice"),
+    ("vllm:ngram:0", "K must be >= 1 in method 'vllm:ngram:0', got 0"),
+    ("vllm:eagle:x", "K must be an integer in method 'vllm:eagle:x', got 'x'"),
+    ("vllm:medusa:2", "unknown method 'vllm:medusa:2' (known: plain, "),
+    ("vllm:dynamic:4", "batch table entry '4' in method 'vllm:dynamic:4' is not SIZE=K"),
+    ("ours:fast", "unknown method 'fast' (known: "),
+    ("ours:vllm:ngram:2", "method 'ours:vllm:ngram:2': ours:METHOD runs METHOD on autospec's "
+                          "engine, and 'vllm:ngram:2' runs inside vLLM only"),
+    ("ours:ours:plain", "and 'ours:plain' runs inside vLLM only"),
 ])
 def test_bad_methods_name_the_method(text, error):
     with pytest.raises(ValueError) as err:
@@ -76,6 +90,45 @@ def test_method_lists_start_with_plain_once():
         ["static:ngram:4", "plain"]
     assert [str(m) for m in parse_methods("adaptive")] == ["plain", "adaptive"]
     assert isinstance(parse_methods("plain")[0], Method)
+
+
+def test_the_vllm_forms_carry_their_fields():
+    assert parse_method("vllm:dynamic:8=1/1=4").table == ((1, 4), (8, 1))
+    ours = parse_method("ours:static:ngram:4")
+    assert ours.inner == parse_method("static:ngram:4") and ours.needs_drafters == ("ngram",)
+    assert parse_method(f"adaptive:{POLICY}").engines == (AUTOSPEC, VLLM)
+
+
+def test_one_list_names_every_form_and_each_engine_its_own():
+    """KNOWN is every kind's forms; known(engine) those the engine runs; each kind's Method
+    says the same."""
+    assert KNOWN == ", ".join(form for forms, _ in FORMS.values() for form in forms)
+    assert known(VLLM) == ("plain, adaptive, adaptive:POLICY.yaml, vllm:ngram:K, vllm:eagle:K, "
+                           "vllm:dynamic:TABLE, ours:METHOD")
+    assert "vllm:" not in known(AUTOSPEC) and "ours:" not in known(AUTOSPEC)
+    for text in ("plain", "static:ngram:4", "ctl:ema", "hf:generate", "oracle", "vllm:ngram:2",
+                 "ours:plain"):
+        method = parse_method(text)
+        assert method.engines == FORMS[method.kind][1]
+
+
+@pytest.mark.parametrize("text, engine, error", [
+    ("vllm:ngram:2", AUTOSPEC, "method 'vllm:ngram:2' runs inside vLLM only (autospec bench "
+                               "--engine vllm; --engine autospec runs: plain, static:DRAFTER:K"),
+    ("ours:static:ngram:4", AUTOSPEC, "method 'ours:static:ngram:4' runs beside vLLM only "
+                                      "(autospec bench --engine vllm); on autospec's engine "
+                                      "alone, give 'static:ngram:4'"),
+    ("hf:generate", VLLM, "method 'hf:generate' runs on autospec's engine, not inside vLLM: "
+                          "give 'ours:hf:generate' to run it beside vLLM, or --engine autospec "
+                          "(--engine vllm runs: plain, adaptive, "),
+])
+def test_an_engine_refuses_the_other_engines_methods_naming_it(text, engine, error):
+    with pytest.raises(ValueError) as err:
+        parse_methods(f"plain,{text}", engine)
+    assert error in str(err.value)
+    other = VLLM if engine == AUTOSPEC else AUTOSPEC
+    assert [m.spec for m in parse_methods(text, other)] == ["plain", text]
+    assert check_engine(parse_method("plain"), engine).kind == "plain"
 
 
 def test_only_controllers_are_made():

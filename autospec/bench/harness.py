@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from autospec.bench.methods import make_runner
+from autospec.bench.methods import MethodAt, make_runner
 from autospec.bench.prompts import Prompt, prompt_ids
 from autospec.bench.runner import RunResult
 from autospec.bench.roofline import peaks, roofline
@@ -54,11 +54,19 @@ class Cell:
 
 @dataclass
 class Measurements:
-    # cells[method][category][repeat]
+    # cells[MethodAt][category][repeat]
     cells: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(Cell))))
-    outputs: dict = field(default_factory=lambda: defaultdict(dict))  # method -> prompt id -> ids
+    outputs: dict = field(default_factory=lambda: defaultdict(dict))  # MethodAt -> prompt id -> ids
     identical: dict = field(default_factory=lambda: defaultdict(lambda: True))
-    steps: dict = field(default_factory=lambda: defaultdict(list))  # method -> (category, StepRecord)
+    steps: dict = field(default_factory=lambda: defaultdict(list))  # MethodAt -> (category, StepRecord)
+
+    def at(self, weights: str) -> Measurements:
+        """The runs at one format only."""
+        out = Measurements()
+        for name in ("cells", "outputs", "steps"):
+            getattr(out, name).update({run: v for run, v in getattr(self, name).items()
+                                       if run.weights == weights})
+        return out
 
 
 def run_bench(engine: Engine | dict[str, Engine], prompts: list[Prompt],
@@ -70,20 +78,20 @@ def run_bench(engine: Engine | dict[str, Engine], prompts: list[Prompt],
     compared with plain at its own format; speedups are against plain at the first format,
     and the costs measured (v, c, alpha, roofline) are the first format's."""
     engines = engine if isinstance(engine, dict) else {"": engine}
-    suffixes = {w: f"@{w}" if len(engines) > 1 else "" for w in engines}
+    tags = {w: w if len(engines) > 1 else "" for w in engines}  # each format's MethodAt.weights
     first = next(iter(engines))
     engine = engines[first]
     methods = [m if isinstance(m, Method) else parse_method(m) for m in methods]
-    # results are keyed by the method as written (the JSON's keys), with its format
-    runners, plain_of = {}, {}
-    for w, suffix in suffixes.items():
+    plain, llamacpp_plain = parse_method("plain"), parse_method("llamacpp:plain")
+    # every result is keyed by its MethodAt; each compared with the plain run beside it
+    runners, plain_of, engine_of = {}, {}, {}
+    for w, e in engines.items():
         for m in methods:
-            if m.kind == "llamacpp":  # its own format, whatever --weights: run once
-                if w == first:
-                    runners[m.spec], plain_of[m.spec] = make_runner(m, engines[w]), "llamacpp:plain"
-            elif m.kind != "oracle":
-                runners[m.spec + suffix] = make_runner(m, engines[w])
-                plain_of[m.spec + suffix] = "plain" + suffix
+            if m.kind == "oracle" or (m.kind == "llamacpp" and w != first):
+                continue  # oracles are picked afterwards; llama.cpp runs once
+            run = MethodAt(m) if m.kind == "llamacpp" else MethodAt(m, tags[w])
+            runners[run], engine_of[run] = make_runner(m, e), e
+            plain_of[run] = MethodAt(llamacpp_plain) if m.kind == "llamacpp" else MethodAt(plain, tags[w])
     measured = list(runners)
     tok = engine.models.tokenizer
     encoded = {p.id: prompt_ids(engine, p) for p in prompts}
@@ -95,27 +103,27 @@ def run_bench(engine: Engine | dict[str, Engine], prompts: list[Prompt],
                              f"target's {limit} positions")
     machine = machine_info()  # before the runs: the peaks measured on a machine at rest
     # warm-up: first calls pay one-off costs (lazy init, allocator) that are not decoding
-    for m in measured:
-        runners[m](encoded[prompts[0].id], 8, temperature, seed, None)
+    for run in measured:
+        runners[run](encoded[prompts[0].id], 8, temperature, seed, None)
     data = Measurements()
     total = repeats * len(prompts)
     for r in range(repeats):
-        for m in measured:  # cross-request history (suffix) starts empty per method and repeat
-            getattr(runners[m], "new_history", lambda tag: None)(f"{m} #{r}")
+        for run in measured:  # cross-request history (suffix) starts empty per method and repeat
+            getattr(runners[run], "new_history", lambda tag: None)(f"{run.key} #{r}")
         for i, p in enumerate(prompts):
             limit = p.max_new_tokens or max_new_tokens
             order = measured[i % len(measured):] + measured[:i % len(measured)]
-            for m in order:
-                result = runners[m](encoded[p.id], limit, temperature, seed, p.category)
-                data.cells[m][p.category][r].add(result)
+            for run in order:
+                result = runners[run](encoded[p.id], limit, temperature, seed, p.category)
+                data.cells[run][p.category][r].add(result)
                 if r == 0:
-                    data.outputs[m][p.id] = result.token_ids
+                    data.outputs[run][p.id] = result.token_ids
                     if result.step_records:
-                        data.steps[m].extend((p.category, s) for s in result.step_records)
+                        data.steps[run].extend((p.category, s) for s in result.step_records)
             if progress:
                 progress(f"repeat {r + 1}/{repeats}, prompt {r * len(prompts) + i + 1}/{total}: {p.id}")
     categories = sorted({p.category for p in prompts})
-    base = _one_format(data, suffixes[first])  # the first format's runs, keyed as one format's
+    base = data.at(tags[first])  # the first format's runs
     report = {"methods": {}, "measured": measure_costs(base, engine),
               "models": _models(engine), "machine": machine,
               "settings": {"repeats": repeats, "max_new_tokens": max_new_tokens,
@@ -125,57 +133,47 @@ def run_bench(engine: Engine | dict[str, Engine], prompts: list[Prompt],
         report["settings"]["weights"] = list(engines)
         report["models"]["weights"] = {w: _models(e) for w, e in engines.items()}
     greedy = temperature == 0
-    model_of = {m: engines[m.rsplit("@", 1)[1]] if "@" in m else engine for m in measured}
-    for m in measured:
-        plain = data.outputs[plain_of[m]] if plain_of[m] in data.outputs else None
+    for run in measured:
+        wanted_of = data.outputs.get(plain_of[run])
         same, parted = None, []
-        if greedy and plain is not None:
-            outputs = [data.outputs[m][p.id] for p in prompts]
-            wanted = [plain[p.id] for p in prompts]
-            if plain_of[m].startswith("llamacpp"):  # another arithmetic: our margins say nothing
+        if greedy and wanted_of is not None:
+            outputs = [data.outputs[run][p.id] for p in prompts]
+            wanted = [wanted_of[p.id] for p in prompts]
+            if plain_of[run].method.kind == "llamacpp":  # another arithmetic: our margins say nothing
                 same = outputs == wanted
             else:
-                same, parted = verdict(model_of[m].models.target, [encoded[p.id] for p in prompts],
+                same, parted = verdict(engine_of[run].models.target, [encoded[p.id] for p in prompts],
                                        outputs, wanted)
-        report["methods"][m] = _stats_for(data.cells[m], categories, repeats, same)
+        stats = report["methods"][run.key] = _stats_for(data.cells[run], categories, repeats, same)
         if parted:
-            report["methods"][m]["divergences"] = [
-                {**d, "prompt": prompts[d["prompt"]].id} for d in parted]
-        if m.startswith(("adaptive", "ctl:")):
-            report["methods"][m]["choices"] = choice_shares(s for _, s in data.steps[m])
-        learnt = getattr(getattr(runners[m], "controller", None), "reliability", None)
+            stats["divergences"] = [{**d, "prompt": prompts[d["prompt"]].id} for d in parted]
+        if run.method.kind in ("adaptive", "ctl"):
+            stats["choices"] = choice_shares(s for _, s in data.steps[run])
+        learnt = getattr(getattr(runners[run], "controller", None), "reliability", None)
         if learnt is not None:  # each drafter's confidence calibration: predicted vs observed
-            report["methods"][m]["reliability"] = learnt()
-    plain_key = "plain" + suffixes[first]
+            stats["reliability"] = learnt()
+    plain_key = MethodAt(plain, tags[first]).key
     _add_speedups(report, categories, plain_key)
+    statics = [run for run in measured if run.method.kind == "static"]
     for m in methods:
         if m.kind == "oracle":
-            report["methods"][m.spec] = _oracle(report, data, categories, repeats,
+            report["methods"][m.spec] = _oracle(report, data, statics, categories, repeats,
                                                 per_category=m.baseline != "oracle")
     _add_speedups(report, categories, plain_key)
     # theory from the static runs only: in adaptive runs deep positions are drafted only when
     # acceptance runs hot, which would bias alpha upwards (acceptance is bursty)
     static = Measurements()
-    static.steps.update({m: s for m, s in base.steps.items() if m == "plain" or m.startswith("static:")})
-    static.cells.update({m: c for m, c in base.cells.items() if m == "plain"})
+    static.steps.update({run: s for run, s in base.steps.items()
+                         if run.method.kind in ("plain", "static")})
+    static.cells.update({run: c for run, c in base.cells.items() if run.method.kind == "plain"})
     report["measured_static"] = measure_costs(static, engine)
     report["theoretical"] = theoretical_best(report["measured_static"])
-    report["predicted_static"] = predicted_static(report) if len(engines) == 1 else {}
-    report["sample_outputs"] = {p.id: tok.decode(base.outputs["plain"][p.id]) for p in prompts[:3]}
+    report["predicted_static"] = predicted_static(report, statics) if len(engines) == 1 else {}
+    report["sample_outputs"] = {p.id: tok.decode(base.outputs[MethodAt(plain, tags[first])][p.id])
+                                for p in prompts[:3]}
     report["roofline"] = roofline([s for steps in base.steps.values() for _, s in steps],
                                   engine.models.target, *peaks(engine.models.target))
     return report
-
-
-def _one_format(data: Measurements, suffix: str) -> Measurements:
-    """The runs at one format (keys ending in `suffix`), keyed without it."""
-    if not suffix:
-        return data
-    out = Measurements()
-    for name in ("cells", "outputs", "steps"):
-        getattr(out, name).update({m[:-len(suffix)]: v for m, v in getattr(data, name).items()
-                                   if m.endswith(suffix)})
-    return out
 
 
 def choice_shares(steps) -> dict:
@@ -242,26 +240,26 @@ def _ratio(a: dict, b: dict) -> float | None:
     return a["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else None
 
 
-def _oracle(report: dict, data: Measurements, categories: list[str], repeats: int,
-            per_category: bool) -> dict:
-    """The best static method in hindsight: one for all prompts, or one per category."""
-    statics = [m for m in report["methods"] if m.startswith("static:")]
+def _oracle(report: dict, data: Measurements, statics: list[MethodAt], categories: list[str],
+            repeats: int, per_category: bool) -> dict:
+    """The best of the `statics` in hindsight: one for all prompts, or one per category."""
     if not statics:
         raise ValueError("oracle needs at least one static:DRAFTER:K method in the run")
     methods = report["methods"]
     if not per_category:
-        best = max(statics, key=lambda m: methods[m][OVERALL]["tokens_per_s"])
-        return {**json.loads(json.dumps(methods[best])), "picked": best}
-    picks = {c: max(statics, key=lambda m: methods[m]["by_category"][c]["tokens_per_s"])
+        best = max(statics, key=lambda run: methods[run.key][OVERALL]["tokens_per_s"])
+        return {**json.loads(json.dumps(methods[best.key])), "picked": best.key}
+    picks = {c: max(statics, key=lambda run: methods[run.key]["by_category"][c]["tokens_per_s"])
              for c in categories}
     overall = [_merge([data.cells[picks[c]][c][r] for c in categories]) for r in range(repeats)]
-    verdicts = [methods[picks[c]][OVERALL]["identical_to_plain"] for c in categories]
+    verdicts = [methods[picks[c].key][OVERALL]["identical_to_plain"] for c in categories]
     same = (False if False in verdicts else "near-tie" if "near-tie" in verdicts
             else None if None in verdicts else True)
-    return {OVERALL: {**cell_stats(overall, same), "picked": picks},
-            "by_category": {c: {**methods[picks[c]]["by_category"][c], "picked": picks[c]}
+    picked = {c: run.key for c, run in picks.items()}
+    return {OVERALL: {**cell_stats(overall, same), "picked": picked},
+            "by_category": {c: {**methods[picked[c]]["by_category"][c], "picked": picked[c]}
                             for c in categories},
-            "picked": picks}
+            "picked": picked}
 
 
 def measure_costs(data: Measurements, engine: Engine) -> dict:
@@ -272,7 +270,8 @@ def measure_costs(data: Measurements, engine: Engine) -> dict:
       not accepted there (`alpha`, P(accepted | proposed), leaves such steps out);
     - overhead: seconds per step outside the draft and the target's forward (the engine's own
       work: look-ups, acceptance, cache roll-back, telemetry), in plain steps, from plain."""
-    plain_steps = [s for _, s in data.steps.get("plain", [])]
+    plain_steps = [s for run, steps in data.steps.items() if run.method.kind == "plain"
+                   for _, s in steps]
     t1 = statistics.median(s.verify_seconds for s in plain_steps) if plain_steps else None
     verify_by_tokens: dict[int, list[float]] = defaultdict(list)
     draft_per_token: dict[str, list[float]] = defaultdict(list)
@@ -291,8 +290,8 @@ def measure_costs(data: Measurements, engine: Engine) -> dict:
     if t1:
         out["v"] = {str(n - 1): statistics.median(v) / t1 for n, v in sorted(verify_by_tokens.items())}
         out["c"] = {d: statistics.median(v) / t1 for d, v in sorted(draft_per_token.items())}
-        plain = [cell for per_category in data.cells.get("plain", {}).values()
-                 for cell in per_category.values()]
+        plain = [cell for run, by_category in data.cells.items() if run.method.kind == "plain"
+                 for per_repeat in by_category.values() for cell in per_repeat.values()]
         steps, wall = sum(c.steps for c in plain), sum(c.wall_s for c in plain)
         if steps:
             inside = sum(s.verify_seconds + s.draft_seconds for s in plain_steps) / len(plain_steps)
@@ -351,20 +350,18 @@ def charged_speedup(measured: dict, drafter: str, category: str) -> np.ndarray |
     return speedup(conditional, c[drafter] / (1 + o), charged)
 
 
-def predicted_static(report: dict) -> dict:
+def predicted_static(report: dict, statics: list[MethodAt]) -> dict:
     """Each static method's speedup per category as the charged formula predicts it, beside
     the measured one: how far the formula is from what runs (docs/benchmarks.md: achieved / theoretical)."""
     measured = report.get("measured_static") or report["measured"]
     out = {}
-    for name, stats in report["methods"].items():
-        if not name.startswith("static:"):
-            continue
-        _, drafter, k = name.split(":")
-        for category, cell in stats["by_category"].items():
+    for run in statics:
+        drafter, k = run.method.drafter, run.method.k
+        for category, cell in report["methods"][run.key]["by_category"].items():
             rates = charged_speedup(measured, drafter, category)
-            if rates is not None and int(k) < len(rates) and cell.get("speedup_vs_plain"):
-                out.setdefault(name, {})[category] = {
-                    "predicted": round(float(rates[int(k)]), 3),
+            if rates is not None and k < len(rates) and cell.get("speedup_vs_plain"):
+                out.setdefault(run.key, {})[category] = {
+                    "predicted": round(float(rates[k]), 3),
                     "measured": round(cell["speedup_vs_plain"], 3)}
     return out
 

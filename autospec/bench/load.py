@@ -54,9 +54,6 @@ from autospec.engine.request import Generation, Request
 from autospec.method import Method
 from autospec.models.sampling import SamplingParams
 
-HF_BATCHED = "hf:generate"
-
-
 def parse_concurrency(text: str) -> list[int]:
     """'1,4,16' -> [1, 4, 16]; ValueError naming an entry that is not a positive integer."""
     levels = []
@@ -74,7 +71,7 @@ def parse_concurrency(text: str) -> list[int]:
 
 def runs_under_load(method: Method) -> bool:
     """Whether `autospec bench --concurrency` measures `method` (the module docstring)."""
-    return method.is_controller or method.spec == HF_BATCHED
+    return method.is_controller or (method.kind == "hf" and method.baseline == "generate")
 
 
 @dataclass
@@ -104,7 +101,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
     for level in levels:
         batch = Engine(engine.models, engine.drafter_options, max_batch=level, max_len=max_len,
                        prefill_chunk=prefill_chunk)
-        runs: dict[str, list[LoadRun]] = defaultdict(list)
+        runs: dict[Method, list[LoadRun]] = defaultdict(list)
         for m in methods:  # warm-up: lazy init, allocator, the drafters' first calls
             warm = [Job(job.prompt, 4, job.sampling, seed) for job in jobs[:level]]
             if m.is_controller:
@@ -114,22 +111,22 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
         for r in range(repeats):
             for m in methods[r % len(methods):] + methods[:r % len(methods)]:
                 if not m.is_controller:
-                    runs[m.spec].append(_run_generate(engine, jobs, level))
+                    runs[m].append(_run_generate(engine, jobs, level))
                 else:
                     # cross-request history (suffix) starts empty per level, method and repeat
                     batch.drafter_options = fresh_history(engine.drafter_options,
                                                           f"load {level} {m} #{r}")
-                    runs[m.spec].append(_run(batch, jobs, make_controller(m)))
+                    runs[m].append(_run(batch, jobs, make_controller(m)))
                 if progress:
-                    progress(f"concurrency {level}, repeat {r + 1}/{repeats}: {m.spec} "
-                             f"{runs[m.spec][-1].wall_s:.1f} s")
-        median = {spec: sorted(rs, key=lambda run: run.wall_s)[len(rs) // 2] for spec, rs in runs.items()}
-        plain = median.get("plain")
+                    progress(f"concurrency {level}, repeat {r + 1}/{repeats}: {m} "
+                             f"{runs[m][-1].wall_s:.1f} s")
+        median = {m: sorted(rs, key=lambda run: run.wall_s)[len(rs) // 2] for m, rs in runs.items()}
+        plain = next((run for m, run in median.items() if m.kind == "plain"), None)
         steps = [s for run in median.values() for r in run.results for s in r.step_records or []]
         out[str(level)] = {"methods": {
-            spec: method_stats(run, prompts, categories, plain, temperature == 0,
-                               engine.models.target, encoded)
-            for spec, run in median.items()},
+            m.spec: method_stats(run, prompts, categories, plain, temperature == 0,
+                                 engine.models.target, encoded)
+            for m, run in median.items()},
             "roofline": roofline(steps, engine.models.target, *peaks(engine.models.target))}
     return out
 

@@ -1,7 +1,8 @@
 """The runners `autospec bench` measures, one per method (autospec.method parses them):
 our engine loop with a controller (plain, static, adaptive, ctl:) or transformers' own
 generation on the same models (hf:). oracle and oracle-per-category run nothing: harness.py
-picks them afterwards from the static runs.
+picks them afterwards from the static runs. A `MethodAt` is a method at one weight format:
+harness.py keys every runner and result by one.
 
 The hf: peers run with a constant number of draft tokens (no confidence cut-off), so they
 compare with static:*:K at the same K.
@@ -9,6 +10,7 @@ compare with static:*:K at the same K.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +21,19 @@ from autospec.engine.loop import Engine
 from autospec.method import ORACLES, Method, parse_methods  # noqa: F401 (re-exported)
 
 DERIVED = ORACLES  # picked afterwards, not run
+
+
+@dataclass(frozen=True)
+class MethodAt:
+    """A method at one weight format: what bench runs, and keys every result by."""
+    method: Method
+    weights: str = ""  # the format, when several run (models/weights.py); "" for the one
+    #                    format, and for llama.cpp, which runs its own whatever --weights
+
+    @property
+    def key(self) -> str:
+        """The report's key: METHOD, or METHOD@FORMAT when several formats run."""
+        return f"{self.method.spec}@{self.weights}" if self.weights else self.method.spec
 
 
 def make_runner(method: Method, engine: Engine) -> Runner:

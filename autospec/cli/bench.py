@@ -10,6 +10,7 @@ import click
 from autospec.cli.options import (check_pair_args, draft_option, drafter_options_option,
                                   load_engines, pair_option, parse_formats, prefill_chunk_option,
                                   target_option, write_report)
+from autospec.method import AUTOSPEC, VLLM, known
 from autospec.models import AUTO, FORMATS
 
 DEFAULT_METHODS = ("plain,static:ngram:1,static:ngram:2,static:ngram:4,static:ngram:8,"
@@ -34,8 +35,7 @@ def _parsed(module: str, parse: str):
 
 @click.command()
 @click.option("--methods", default=DEFAULT_METHODS, show_default=True,
-              help="Comma-separated: plain, static:DRAFTER:K, hf:generate, hf:assisted[:K], "
-                   "hf:prompt-lookup[:K], hf:early-exit[:K], oracle, oracle-per-category.")
+              help=f"Comma-separated: {known(AUTOSPEC)} (--engine vllm: its own, below).")
 @click.option("--prompts", "prompts_path", type=click.Path(path_type=Path), default=None,
               help="Workload JSONL ({id, prompt | messages, category[, max_new_tokens]} per "
                    "line; messages: a chat, rendered with the target's chat template). "
@@ -69,11 +69,10 @@ def _parsed(module: str, parse: str):
 @click.option("--rows", default=16, show_default=True, type=click.IntRange(min=1),
               help="With --arrivals: the engine's rows (requests decoded at once; the rest queue).")
 @click.option("--engine", "engine_name", default="autospec", show_default=True,
-              type=click.Choice(["autospec", "vllm"]),
-              help="vllm: decode with vLLM (pip install -e '.[vllm]'); methods plain, "
-                   "vllm:ngram:K, vllm:eagle:K, vllm:dynamic:TABLE, adaptive[:POLICY.yaml] (autospec's "
-                   "proposer inside vLLM) and ours:METHOD (autospec's engine beside it). "
-                   "docs/vllm.md.")
+              type=click.Choice([AUTOSPEC, VLLM]),
+              help=f"vllm: decode with vLLM (pip install -e '.[vllm]'); methods {known(VLLM)} "
+                   f"(adaptive: autospec's proposer inside vLLM; ours:METHOD: autospec's engine "
+                   f"beside it). docs/vllm.md.")
 @click.option("--num-speculative-tokens", "k_limit", default=8, show_default=True,
               type=click.IntRange(min=1),
               help="With --engine vllm: the K limit vLLM gives autospec's proposer (adaptive).")
@@ -106,8 +105,11 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     if plot_path and not concurrency:
         raise click.UsageError("--plot draws the figures under load: give --concurrency too "
                                "(e.g. --concurrency 1,4,16)")
+    if engine_name == "vllm" and methods == DEFAULT_METHODS:
+        from autospec.cli.bench_vllm import DEFAULT_VLLM_METHODS
+        methods = DEFAULT_VLLM_METHODS
     try:
-        method_list = parse_methods(methods) if engine_name == "autospec" else []
+        method_list = parse_methods(methods, engine_name)
         prompts = load_prompts(prompts_path or named_pair(pair or DEFAULT_PAIR).workload("bench"))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
@@ -123,7 +125,7 @@ def bench(methods, prompts_path, repeats, max_new_tokens, temperature, seed, lim
     engine = engines[weights[0]]
     if engine_name == "vllm":
         from autospec.cli.bench_vllm import bench_vllm
-        return bench_vllm(engine, prompts, methods, DEFAULT_METHODS, k_limit, concurrency or [1],
+        return bench_vllm(engine, prompts, method_list, k_limit, concurrency or [1],
                           repeats, max_new_tokens, temperature, seed,
                           "bfloat16" if weights[0] == "int4" else weights[0], pair, target,
                           prompts_path, schedule, rows, record_path, plot_path, json_path)

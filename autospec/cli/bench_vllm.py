@@ -1,4 +1,5 @@
-"""`autospec bench --engine vllm`: the CLI's side of autospec/vllm/bench.py."""
+"""`autospec bench --engine vllm`: the CLI's side of autospec/vllm/bench.py (cli/bench.py
+parses the methods, autospec/method.py's grammar, for --engine vllm)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +9,7 @@ import click
 DEFAULT_VLLM_METHODS = "plain,vllm:ngram:2,vllm:ngram:4,vllm:ngram:8,adaptive"
 
 
-def bench_vllm(engine, prompts, methods: str, autospec_default: str, k_limit: int,
+def bench_vllm(engine, prompts, methods: list, k_limit: int,
                levels: list[int], repeats: int, max_new_tokens: int, temperature: float,
                seed: int, dtype: str, pair, target, prompts_path, schedule, rows: int,
                record_path, plot_path, json_path) -> None:
@@ -21,17 +22,15 @@ def bench_vllm(engine, prompts, methods: str, autospec_default: str, k_limit: in
                                    "pip uninstall -y torchvision torchaudio torchcodec") from None
     from autospec.bench.load import format_load_table
     from autospec.models.pairs import DEFAULT_PAIR, named_pair
-    from autospec.vllm.bench import parse_vllm_methods, run_vllm_bench
+    from autospec.vllm.bench import run_vllm_bench
     model = str(named_pair(pair or DEFAULT_PAIR).locate()[0]) if target is None else str(target)
     eagle_dir = _exported_head(pair or DEFAULT_PAIR, model) if target is None else None
-    if methods == autospec_default:
-        methods = DEFAULT_VLLM_METHODS
     try:
-        method_list = parse_vllm_methods(methods, k_limit, eagle_dir and str(eagle_dir), max(levels))
-        report = run_vllm_bench(engine, model, prompts, method_list, levels, repeats,
+        report = run_vllm_bench(engine, model, prompts, methods, levels, repeats,
                                 max_new_tokens, temperature, seed, dtype,
                                 progress=lambda m: click.echo(m, err=True),
-                                schedule=schedule, rows=rows)
+                                schedule=schedule, rows=rows, k_limit=k_limit,
+                                eagle_dir=eagle_dir and str(eagle_dir))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     report["settings"].update(pair=engine.models.key, workload=Path(

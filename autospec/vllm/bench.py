@@ -1,17 +1,17 @@
 """`autospec bench --engine vllm`: the bench's workload and statistics, decoded by vLLM.
 
-Methods (each one vLLM engine, all started before the first measurement, each in its own
-engine process; an idle one costs the running one nothing):
+Methods (autospec/method.py's grammar; each one vLLM engine, all started before the first
+measurement, each in its own engine process; an idle one costs the running one nothing), and
+the speculative_config each maps to:
 
-    plain                  no speculative config
+    plain                  none
     vllm:ngram:K           vLLM's own n-gram proposer, fixed K (n from 1 to 4, as ours)
     vllm:eagle:K           the pair's feature head exported for vLLM (autospec models export)
-    vllm:dynamic:TABLE     vLLM's batch size -> K table over its n-gram proposer; TABLE as
-                           ctl:batch-table's, SIZE=K/SIZE=K (K of the smallest size >= the
-                           batch, 0 above the largest), e.g. 1=4/4=2/8=1
-    adaptive               autospec's proposer (autospec.vllm.Proposer) on its defaults
-    adaptive:POLICY.yaml   the same with a policy file (AUTOSPEC_POLICY)
-    ours:METHOD            autospec's own engine running METHOD (ours:plain, ours:adaptive, ...)
+    vllm:dynamic:TABLE     vLLM's batch size -> K table over its n-gram proposer (K of the
+                           smallest size >= the batch, 0 above the largest)
+    adaptive[:POLICY.yaml] autospec's proposer (autospec.vllm.Proposer; the policy file in
+                           AUTOSPEC_POLICY)
+    ours:METHOD            no vLLM engine: autospec's own engine running METHOD
 
 At each concurrency N every vLLM method decodes the whole workload with N closed-loop clients
 (N requests in flight, the next sent when one ends: `LLMEngine.add_request` and `step`), the
@@ -32,7 +32,6 @@ import os
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable
 
 from autospec.bench.arrivals import Schedule, Sent, arrival_jobs, arrivals_report, run_arrivals
@@ -40,82 +39,48 @@ from autospec.bench.harness import OVERALL, machine_info
 from autospec.bench.prompts import Prompt, prompt_ids
 from autospec.bench.load import LoadRun, method_stats, run_load
 from autospec.bench.runner import RunResult
-from autospec.method import Method, parse_method
+from autospec.method import Method
 
-KNOWN = ("plain, vllm:ngram:K, vllm:eagle:K, vllm:dynamic:TABLE, adaptive, adaptive:POLICY.yaml, "
-         "ours:METHOD")
 KV_CACHE_BYTES = 512 << 20  # per engine: 16 rows of a few hundred tokens fit many times over
 
 
-@dataclass(frozen=True)
-class VllmMethod:
-    spec: str  # as written: the JSON's key
-    speculative_config: dict | None = None  # None: plain, or one of ours
-    policy: str | None = None  # adaptive:POLICY.yaml's file
-    ours: Method | None = None  # ours:METHOD
-
-    @property
-    def adaptive(self) -> bool:
-        return bool(self.speculative_config) and self.speculative_config["method"] == "custom_class"
-
-
-def parse_vllm_method(text: str, k_limit: int, eagle_dir: str | None = None,
-                      max_rows: int = 256) -> VllmMethod:
-    """A VllmMethod; ValueError naming the entry and the accepted forms."""
-    spec = text.strip()
-    parts = spec.split(":")
-    if spec == "plain":
-        return VllmMethod(spec)
-    if parts[0] == "ours" and len(parts) > 1:
-        return VllmMethod(spec, ours=parse_method(spec[len("ours:"):]))
-    if parts[0] == "adaptive":
-        policy = spec[len("adaptive:"):] if len(parts) > 1 else None
-        if policy:
-            from autospec.policy import load_policy
-            load_policy(policy)  # a PolicyError names the file and field, before any start
-        return VllmMethod(spec, {"method": "custom_class", "model": "autospec.vllm.Proposer",
-                                 "num_speculative_tokens": k_limit}, policy)
-    if parts[0] == "vllm" and len(parts) == 3 and parts[1] in ("ngram", "eagle"):
-        k = _k(parts[2], spec)
-        if parts[1] == "ngram":
-            return VllmMethod(spec, {"method": "ngram", "num_speculative_tokens": k,
-                                     "prompt_lookup_min": 1, "prompt_lookup_max": 4})
-        if eagle_dir is None:
-            raise ValueError(f"method '{spec}': this pair has no feature head exported for vLLM")
-        return VllmMethod(spec, {"method": "eagle", "model": eagle_dir, "num_speculative_tokens": k})
-    if parts[0] == "vllm" and len(parts) == 3 and parts[1] == "dynamic":
-        table = parse_method(f"ctl:batch-table:ngram:{parts[2]}").table
-        k_max = max(k for _, k in table)
+def speculative_config(method: Method, k_limit: int, eagle_dir: str | None = None,
+                       max_rows: int = 256) -> dict | None:
+    """vLLM's speculative_config for a method that runs inside vLLM (plain: None; adaptive:
+    autospec's proposer, up to `k_limit` tokens a step; vllm:dynamic's table as inclusive
+    batch-size ranges up to `max_rows`); ValueError for vllm:eagle:K without `eagle_dir`."""
+    if method.kind == "plain":
+        return None
+    if method.kind == "adaptive":
+        return {"method": "custom_class", "model": "autospec.vllm.Proposer",
+                "num_speculative_tokens": k_limit}
+    if method.kind != "vllm":
+        raise ValueError(f"method '{method}' does not run inside vLLM")
+    if method.table is not None:
         ranges, start = [], 1
-        for size, k in table:
+        for size, k in method.table:
             ranges.append((start, size, k))
             start = size + 1
         if start <= max_rows:
             ranges.append((start, max_rows, 0))
-        return VllmMethod(spec, {"method": "ngram", "num_speculative_tokens": k_max,
-                                 "prompt_lookup_min": 1, "prompt_lookup_max": 4,
-                                 "num_speculative_tokens_per_batch_size": ranges})
-    raise ValueError(f"unknown method '{spec}' for --engine vllm (known: {KNOWN})")
+        return _ngram(max(k for _, k in method.table), num_speculative_tokens_per_batch_size=ranges)
+    if method.drafter == "ngram":
+        return _ngram(method.k)
+    if eagle_dir is None:
+        raise ValueError(f"method '{method}': this pair has no feature head exported for vLLM")
+    return {"method": "eagle", "model": eagle_dir, "num_speculative_tokens": method.k}
 
 
-def _k(text: str, spec: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"method '{spec}': K must be an integer >= 1")
-    return int(text)
+def _ngram(k: int, **more) -> dict:
+    """vLLM's n-gram proposer, n from 1 to 4 (as ours)."""
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1,
+            "prompt_lookup_max": 4, **more}
 
 
-def parse_vllm_methods(text: str, k_limit: int, eagle_dir: str | None = None,
-                       max_rows: int = 256) -> list[VllmMethod]:
-    methods = [parse_vllm_method(t, k_limit, eagle_dir, max_rows) for t in text.split(",") if t.strip()]
-    if not any(m.spec == "plain" for m in methods):
-        methods.insert(0, VllmMethod("plain"))  # every identical_to_plain is against it
-    return methods
-
-
-def start_engines(model: str, methods: list[VllmMethod], dtype: str, max_len: int, rows: int,
-                  seed: int, progress=None, drafter_options: dict | None = None) -> dict:
-    """One vLLM engine per vLLM method, each in its own process (the proposer's with
-    `drafter_options`, as our engine's)."""
+def start_engines(model: str, configs: dict[Method, dict | None], dtype: str, max_len: int,
+                  rows: int, seed: int, progress=None, drafter_options: dict | None = None) -> dict:
+    """{method: its vLLM engine} for each method and its speculative_config, each engine in
+    its own process (the proposer's with `drafter_options`, as our engine's)."""
     import vllm
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # proposer_stats' RPC
     # each engine in a process of its own: two engines in one process fail in vLLM 0.32 (its
@@ -123,17 +88,14 @@ def start_engines(model: str, methods: list[VllmMethod], dtype: str, max_len: in
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     options = json.dumps(drafter_options) if drafter_options else None
     engines = {}
-    for m in methods:
-        if m.ours is not None:
-            continue
+    for m, config in configs.items():
         # the engine process reads them at start
-        with _environ(AUTOSPEC_POLICY=m.policy, AUTOSPEC_DRAFTER_OPTIONS=options):
-            engines[m.spec] = vllm.LLM(model, dtype=dtype, enforce_eager=True, max_model_len=max_len,
-                                       max_num_seqs=rows, kv_cache_memory_bytes=KV_CACHE_BYTES,
-                                       speculative_config=m.speculative_config, seed=seed,
-                                       disable_log_stats=False)
+        with _environ(AUTOSPEC_POLICY=m.policy_path, AUTOSPEC_DRAFTER_OPTIONS=options):
+            engines[m] = vllm.LLM(model, dtype=dtype, enforce_eager=True, max_model_len=max_len,
+                                  max_num_seqs=rows, kv_cache_memory_bytes=KV_CACHE_BYTES,
+                                  speculative_config=config, seed=seed, disable_log_stats=False)
         if progress:
-            progress(f"vLLM engine for {m.spec} started")
+            progress(f"vLLM engine for {m} started")
     return engines
 
 
@@ -243,57 +205,64 @@ def _logprobs(positions) -> list[dict[int, float]] | None:
             for position in positions]
 
 
-def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[VllmMethod],
+def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[Method],
                    levels: list[int], repeats: int = 1, max_new_tokens: int = 128,
                    temperature: float = 0.0, seed: int = 0, dtype: str = "float32",
                    progress: Callable[[str], None] | None = None,
-                   schedule: Schedule | None = None, rows: int = 16) -> dict:
+                   schedule: Schedule | None = None, rows: int = 16, k_limit: int = 8,
+                   eagle_dir: str | None = None) -> dict:
     """The report (module docstring). `engine`: autospec's engine on the same pair (its
-    tokenizer renders the prompts; it runs the ours: methods)."""
+    tokenizer renders the prompts; it runs the ours: methods); `methods` as
+    parse_methods(..., "vllm") gives them, plain among them; `k_limit` and `eagle_dir` as
+    speculative_config takes them."""
     encoded = [prompt_ids(engine, p) for p in prompts]
     limits = [p.max_new_tokens or max_new_tokens for p in prompts]
     jobs = list(zip(encoded, limits))
     max_len = min(engine.models.max_positions, max(len(ids) + n for ids, n in jobs) + 16)
     categories = sorted({p.category for p in prompts})
-    theirs = [m for m in methods if m.ours is None]
-    ours = [m for m in methods if m.ours is not None]
+    theirs = [m for m in methods if m.kind != "ours"]
+    ours = {m.inner.spec: m for m in methods if m.kind == "ours"}  # run_load keys by the inner
+    # every config before any engine starts: a bad method costs no start
+    configs = {m: speculative_config(m, k_limit, eagle_dir, max(levels)) for m in theirs}
+    plain_method = next(m for m in theirs if m.kind == "plain")
     width = max(levels + ([rows] if schedule else []))
-    engines = start_engines(model, theirs, dtype, max_len, width, seed, progress,
+    engines = start_engines(model, configs, dtype, max_len, width, seed, progress,
                             engine.drafter_options)
     warm = [(ids, 8) for ids, _ in jobs[:width]]
-    for spec, llm in engines.items():  # warm-up: lazy init, the first forwards at every width
-        drive(llm, warm, width, temperature, seed, f"warm-{spec}")
+    for m, llm in engines.items():  # warm-up: lazy init, the first forwards at every width
+        drive(llm, warm, width, temperature, seed, f"warm-{m}")
     by_level: dict[str, dict] = {}
-    overhead: dict[str, dict[str, float]] = {}
+    overhead: dict[Method, dict[str, float]] = {}
+    adaptive = [m for m in theirs if m.kind == "adaptive"]  # autospec's proposer reports its stats
     for level in levels:
-        runs: dict[str, list[LoadRun]] = {m.spec: [] for m in theirs}
-        drafted: dict[str, list[tuple[int, int]]] = {m.spec: [] for m in theirs}
-        before = {m.spec: _proposer(engines[m.spec]) for m in theirs if m.adaptive}
+        runs: dict[Method, list[LoadRun]] = {m: [] for m in theirs}
+        drafted: dict[Method, list[tuple[int, int]]] = {m: [] for m in theirs}
+        before = {m: _proposer(engines[m]) for m in adaptive}
         for r in range(repeats):
             for m in theirs[r % len(theirs):] + theirs[:r % len(theirs)]:
-                start = _proposer(engines[m.spec]) if m.adaptive else None
-                runs[m.spec].append(drive(engines[m.spec], jobs, level, temperature, seed,
-                                          f"{m.spec}-{level}-{r}"))
-                end = _proposer(engines[m.spec]) if m.adaptive else None
-                drafted[m.spec].append((end[2] - start[2], end[3] - start[3]) if start else (0, 0))
+                start = _proposer(engines[m]) if m in adaptive else None
+                runs[m].append(drive(engines[m], jobs, level, temperature, seed,
+                                     f"{m}-{level}-{r}"))
+                end = _proposer(engines[m]) if m in adaptive else None
+                drafted[m].append((end[2] - start[2], end[3] - start[3]) if start else (0, 0))
                 if progress:
-                    progress(f"vllm, concurrency {level}, repeat {r + 1}/{repeats}: {m.spec} "
-                             f"{runs[m.spec][-1].wall_s:.1f} s")
-        for spec, start in before.items():
-            end = _proposer(engines[spec])
+                    progress(f"vllm, concurrency {level}, repeat {r + 1}/{repeats}: {m} "
+                             f"{runs[m][-1].wall_s:.1f} s")
+        for m, start in before.items():
+            end = _proposer(engines[m])
             if start and end and end[1] > start[1]:
-                overhead.setdefault(spec, {})[str(level)] = (end[0] - start[0]) / (end[1] - start[1])
-        picked = {spec: sorted(range(len(rs)), key=lambda r: rs[r].wall_s)[len(rs) // 2]
-                  for spec, rs in runs.items()}
-        plain = runs["plain"][picked["plain"]]
+                overhead.setdefault(m, {})[str(level)] = (end[0] - start[0]) / (end[1] - start[1])
+        picked = {m: sorted(range(len(rs)), key=lambda r: rs[r].wall_s)[len(rs) // 2]
+                  for m, rs in runs.items()}
+        plain = runs[plain_method][picked[plain_method]]
         by_level[str(level)] = {"methods": {}}
-        for spec, r in picked.items():
-            stats = method_stats(runs[spec][r], prompts, categories, plain, temperature == 0)
+        for m, r in picked.items():
+            stats = method_stats(runs[m][r], prompts, categories, plain, temperature == 0)
             # the proposer's counts, over the run as a whole (vLLM's own proposers report none
             # here: its Prometheus counters are one per process, not per engine)
-            proposed, accepted = drafted[spec][r]
+            proposed, accepted = drafted[m][r]
             stats[OVERALL]["acceptance_rate"] = accepted / proposed if proposed else None
-            by_level[str(level)]["methods"][spec] = stats
+            by_level[str(level)]["methods"][m.spec] = stats
     arrivals = None
     if schedule is not None:
         sends = schedule.send_times(seed)
@@ -302,34 +271,36 @@ def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[Vllm
         open_jobs = arrival_jobs(engine, prompts, len(sends), max_new_tokens, temperature, seed)
         sent: dict[str, Sent] = {}
         for m in theirs:
-            sent[m.spec] = drive_open(engines[m.spec], open_jobs, [t for t, _ in sends],
-                                      temperature, seed, f"open-{m.spec}")
+            sent[m.spec] = drive_open(engines[m], open_jobs, [t for t, _ in sends],
+                                      temperature, seed, f"open-{m}")
             if progress:
-                progress(f"vllm, arrivals {schedule.text}: {m.spec} {sent[m.spec].wall_s:.1f} s")
+                progress(f"vllm, arrivals {schedule.text}: {m} {sent[m.spec].wall_s:.1f} s")
         arrivals = arrivals_report(sent, schedule, sends, rows, len(open_jobs), temperature == 0)
     for llm in engines.values():  # before ours run: their processes bind threads to the cores
         llm.llm_engine.engine_core.shutdown()
+    inner = [m.inner for m in ours.values()]
     if ours and schedule is not None:
-        mine = run_arrivals(engine, prompts, [m.ours for m in ours], schedule, rows,
-                            max_new_tokens, temperature, seed, progress)
-        arrivals["methods"].update({f"ours:{spec}": stats for spec, stats in mine["methods"].items()})
+        mine = run_arrivals(engine, prompts, inner, schedule, rows, max_new_tokens, temperature,
+                            seed, progress)
+        arrivals["methods"].update({ours[spec].spec: stats for spec, stats in mine["methods"].items()})
     if ours:
-        mine = run_load(engine, prompts, [m.ours for m in ours], levels, max_new_tokens,
-                        temperature, seed, repeats, progress)
+        mine = run_load(engine, prompts, inner, levels, max_new_tokens, temperature, seed,
+                        repeats, progress)
         for level, entry in mine.items():
             for spec, stats in entry["methods"].items():
-                by_level[level]["methods"][f"ours:{spec}"] = stats
+                by_level[level]["methods"][ours[spec].spec] = stats
     for entry in by_level.values():  # every method against vLLM's plain at the same N
-        base = entry["methods"]["plain"][OVERALL]["throughput_tokens_per_s"]
+        base = entry["methods"][plain_method.spec][OVERALL]["throughput_tokens_per_s"]
         for stats in entry["methods"].values():
             stats[OVERALL]["speedup_vs_vllm_plain"] = stats[OVERALL]["throughput_tokens_per_s"] / base
-    report = {"engine": "vllm", "by_concurrency": by_level, "proposer_share": overhead,
+    report = {"engine": "vllm", "by_concurrency": by_level,
+              "proposer_share": {m.spec: shares for m, shares in overhead.items()},
               "machine": machine_info(),
               "models": {"target": model, "dtype": dtype},
               "settings": {"repeats": repeats, "max_new_tokens": max_new_tokens,
                            "temperature": temperature, "seed": seed, "prompts": len(prompts),
                            "categories": categories, "concurrency": levels,
-                           "vllm_methods": {m.spec: m.speculative_config for m in theirs}}}
+                           "vllm_methods": {m.spec: configs[m] for m in theirs}}}
     if "1" in by_level:
         report["methods"] = by_level["1"]["methods"]
     if arrivals is not None:

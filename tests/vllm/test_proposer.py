@@ -173,7 +173,7 @@ def test_drafter_options_reach_the_proposers_look_ups(monkeypatch):
                                                       "suffix": {"min_confidence": 0.5}}))
     assert proposer.lookups.peek(row, "ngram", 2).tokens == []  # 2-grams and up only
     proposer.lookups.peek(row, "suffix", 2)
-    assert proposer.lookups._drafters["r", "suffix"].options.min_confidence == 0.5
+    assert proposer.lookups._drafters["r"]["suffix"].options.min_confidence == 0.5
 
 
 @pytest.mark.parametrize("options, message", [

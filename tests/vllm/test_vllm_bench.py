@@ -7,38 +7,66 @@ import subprocess
 import sys
 
 import pytest
+from clirun import error_line, invoke
+from conftest import REPO_ROOT
 
-from autospec.vllm.bench import VllmMethod, parse_vllm_method, parse_vllm_methods, start_engines
+from autospec.method import parse_method, parse_methods
+from autospec.vllm.bench import speculative_config, start_engines
 
+POLICY = REPO_ROOT / "policies" / "mixed.yaml"
 SHAPE = ("tokens_per_s", "throughput_tokens_per_s", "identical_to_plain", "speedup_vs_plain",
          "itl_p50_ms", "ttft_p50_ms", "mean_accepted_length")
 
 
-def test_methods_parse_to_vllms_configs():
-    assert parse_vllm_method("plain", 8).speculative_config is None
-    assert parse_vllm_method("vllm:ngram:3", 8).speculative_config == {
+def config(text, k_limit=8, **kwargs):
+    return speculative_config(parse_method(text), k_limit, **kwargs)
+
+
+def test_methods_map_to_vllms_configs():
+    assert config("plain") is None
+    assert config("vllm:ngram:3") == {
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
         "prompt_lookup_max": 4}
-    adaptive = parse_vllm_method("adaptive", 6)
-    assert adaptive.adaptive and adaptive.speculative_config["num_speculative_tokens"] == 6
+    assert config("adaptive", 6) == {"method": "custom_class", "model": "autospec.vllm.Proposer",
+                                     "num_speculative_tokens": 6}
+    assert config("vllm:eagle:2", eagle_dir="/head") == {"method": "eagle", "model": "/head",
+                                                         "num_speculative_tokens": 2}
     # K of the smallest size >= the batch, 0 above the largest: as inclusive ranges to 16 rows
-    dynamic = parse_vllm_method("vllm:dynamic:1=4/4=2/8=1", 8, max_rows=16).speculative_config
+    dynamic = config("vllm:dynamic:1=4/4=2/8=1", max_rows=16)
     assert dynamic["num_speculative_tokens_per_batch_size"] == [(1, 1, 4), (2, 4, 2), (5, 8, 1),
                                                                  (9, 16, 0)]
     assert dynamic["num_speculative_tokens"] == 4
-    assert parse_vllm_method("ours:static:ngram:4", 8).ours.k == 4
-    assert [m.spec for m in parse_vllm_methods("adaptive", 8)] == ["plain", "adaptive"]
+    assert [m.spec for m in parse_methods("adaptive", "vllm")] == ["plain", "adaptive"]
 
 
 @pytest.mark.parametrize("text, message", [
-    ("vllm:ngram:0", "K must be an integer >= 1"),
-    ("vllm:medusa:2", "unknown method 'vllm:medusa:2' for --engine vllm"),
-    ("vllm:eagle:2", "no feature head exported for vLLM"),
+    ("vllm:ngram:0", "K must be >= 1 in method 'vllm:ngram:0', got 0"),
+    ("vllm:medusa:2", "unknown method 'vllm:medusa:2' (known: plain, "),
     ("adaptive:/nonexistent.yaml", "nonexistent.yaml"),
+    ("static:ngram:4", "method 'static:ngram:4' runs on autospec's engine, not inside vLLM: give "
+                       "'ours:static:ngram:4'"),
+    ("ours:vllm:ngram:2", "'vllm:ngram:2' runs inside vLLM only"),
 ])
 def test_bad_methods_are_refused_naming_them(text, message):
-    with pytest.raises(ValueError, match=message):
-        parse_vllm_method(text, 8)
+    with pytest.raises(ValueError) as err:
+        parse_methods(text, "vllm")
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("engine, methods, message", [
+    ("vllm", "plain,static:ngram:4", "method 'static:ngram:4' runs on autospec's engine, not "
+                                     "inside vLLM"),
+    ("autospec", "plain,vllm:ngram:2", "method 'vllm:ngram:2' runs inside vLLM only"),
+    ("autospec", "ours:plain", "method 'ours:plain' runs beside vLLM only"),
+])
+def test_each_engine_refuses_the_others_methods_before_loading_anything(engine, methods, message):
+    result = invoke(["bench", "--engine", engine, "--methods", methods])
+    assert message in error_line(result)
+
+
+def test_eagle_without_an_exported_head_is_refused():
+    with pytest.raises(ValueError, match="no feature head exported for vLLM"):
+        config("vllm:eagle:2")
 
 
 def test_each_engine_starts_with_its_policy_and_the_drafter_options(monkeypatch):
@@ -51,13 +79,13 @@ def test_each_engine_starts_with_its_policy_and_the_drafter_options(monkeypatch)
         monkeypatch.setenv(name, "1")  # start_engines sets them: restored after the test
     monkeypatch.setenv("AUTOSPEC_POLICY", "outer.yaml")
     monkeypatch.delenv("AUTOSPEC_DRAFTER_OPTIONS", raising=False)
-    adaptive = VllmMethod("adaptive:p.yaml", {"method": "custom_class"}, "p.yaml")
-    engines = start_engines("model", [VllmMethod("plain"), adaptive], "float32", 64, 4, 0,
-                            drafter_options={"ngram": {"n_min": 2}})
+    plain, adaptive = parse_methods(f"adaptive:{POLICY}", "vllm")
+    engines = start_engines("model", {plain: None, adaptive: {"method": "custom_class"}},
+                            "float32", 64, 4, 0, drafter_options={"ngram": {"n_min": 2}})
     options = '{"ngram": {"n_min": 2}}'
-    assert engines == {"plain": {"AUTOSPEC_POLICY": None, "AUTOSPEC_DRAFTER_OPTIONS": options},
-                       "adaptive:p.yaml": {"AUTOSPEC_POLICY": "p.yaml",
-                                           "AUTOSPEC_DRAFTER_OPTIONS": options}}
+    assert engines == {plain: {"AUTOSPEC_POLICY": None, "AUTOSPEC_DRAFTER_OPTIONS": options},
+                       adaptive: {"AUTOSPEC_POLICY": str(POLICY),
+                                  "AUTOSPEC_DRAFTER_OPTIONS": options}}
     assert os.environ["AUTOSPEC_POLICY"] == "outer.yaml"
     assert "AUTOSPEC_DRAFTER_OPTIONS" not in os.environ
 
