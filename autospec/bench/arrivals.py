@@ -19,19 +19,19 @@ cannot fit a row: counted, never silently dropped), identical_to_plain.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from autospec.bench.prompts import Prompt, prompt_ids
-from autospec.bench.load import _ms, _percentile_ms
+from autospec.bench.load import _ms
 from autospec.bench.methods import fresh_history
+from autospec.bench.prompts import Prompt, prompt_ids
+from autospec.bench.runlog import RunLog, latency_stats, log_run
 from autospec.controller.factory import make_controller
 from autospec.engine.loop import Engine
-from autospec.engine.request import Job, Request
+from autospec.engine.request import Job
 from autospec.method import Method
 from autospec.models.sampling import SamplingParams
 from autospec.models.ties import verdict
@@ -113,18 +113,6 @@ def parse_schedule(text: str) -> Schedule:
     return Schedule(text, phases)
 
 
-@dataclass
-class Sent:
-    """One method's open-loop run: per request, what the stats read."""
-    tokens: list[list[int] | None]
-    ttft_s: dict[int, float]
-    itl_s: dict[int, list[float]]
-    queue_s: dict[int, float]
-    emitted_at: list[tuple[float, int]]  # (seconds from the start, tokens)
-    refused: list[int]
-    wall_s: float
-
-
 def run_arrivals(engine: Engine, prompts: list[Prompt], methods: list[Method], schedule: Schedule,
                  rows: int, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
                  progress: Callable[[str], None] | None = None,
@@ -142,13 +130,13 @@ def run_arrivals(engine: Engine, prompts: list[Prompt], methods: list[Method], s
             if len(job.prompt) + job.max_new_tokens <= engine.models.max_positions]
     batch = Engine(engine.models, engine.drafter_options, max_batch=rows,
                    max_len=max(fits) if fits else None, prefill_chunk=prefill_chunk)
-    runs: dict[str, Sent] = {}
+    runs: dict[str, RunLog] = {}
     for m in methods:
         warm = [Job(job.prompt, 4, job.sampling, seed) for job in jobs[:rows]]  # lazy init
         batch.run([j for j in warm if len(j.prompt) + 4 <= batch.max_positions],
                   make_controller(m))
         batch.drafter_options = fresh_history(engine.drafter_options, f"arrivals {m}")
-        runs[m.spec] = _open_loop(batch, jobs, [t for t, _ in sends], make_controller(m))
+        runs[m.spec] = log_run(batch, jobs, make_controller(m), arrivals=[t for t, _ in sends])
         if progress:
             progress(f"arrivals {schedule.text}: {m.spec} {runs[m.spec].wall_s:.1f} s")
     return arrivals_report(runs, schedule, sends, rows, len(jobs), temperature == 0,
@@ -167,7 +155,7 @@ def arrival_jobs(engine: Engine, prompts: list[Prompt], count: int, max_new_toke
     return jobs
 
 
-def arrivals_report(runs: dict[str, "Sent"], schedule: Schedule, sends, rows: int, requests: int,
+def arrivals_report(runs: dict[str, RunLog], schedule: Schedule, sends, rows: int, requests: int,
                     greedy: bool, target=None, prompts: list[list[int]] | None = None) -> dict:
     """The report's `arrivals` from each method's open-loop run (identical_to_plain against
     the run keyed "plain": True, "near-tie" or False by models/ties.py where `target` and the
@@ -186,52 +174,19 @@ def arrivals_report(runs: dict[str, "Sent"], schedule: Schedule, sends, rows: in
     return {"schedule": schedule.text, "rows": rows, "requests": requests, "methods": out}
 
 
-def _open_loop(batch: Engine, jobs: list[Job], times: list[float], controller) -> Sent:
-    run = Sent([None] * len(jobs), {}, {}, {}, [], [], 0.0)
-    jobs = [Job(j.prompt, j.max_new_tokens, j.sampling, j.seed, j.workload, f"arrival-{i}")
-            for i, j in enumerate(jobs)]
-    last: dict[int, float] = {}
-    t0 = time.perf_counter()
-
-    def on_tokens(request: Request, tokens: list[int]) -> None:
-        now, i = time.perf_counter(), int(request.request_id.rsplit("-", 1)[1])
-        run.emitted_at.append((now - t0, len(tokens)))
-        if i in last:
-            run.itl_s.setdefault(i, []).extend([(now - last[i]) / len(tokens)] * len(tokens))
-        else:  # its first tokens: from when it was sent (Engine.run's `started`)
-            run.ttft_s[i] = now - request.started
-            run.queue_s[i] = request.queue_seconds
-        last[i] = now
-
-    generations = batch.run(jobs, controller, on_tokens=on_tokens, arrivals=times,
-                            on_refused=lambda i, why: run.refused.append(i))
-    run.wall_s = time.perf_counter() - t0
-    for i, g in enumerate(generations):
-        if g is not None:
-            run.tokens[i] = g.token_ids
-    return run
-
-
-def _stats(run: Sent, indices, window: tuple[float, float], plain: Sent | None,
+def _stats(run: RunLog, indices, window: tuple[float, float], plain: RunLog | None,
            greedy: bool, target=None, prompts: list[list[int]] | None = None) -> dict:
-    start, stop = window
-    tokens = sum(n for t, n in run.emitted_at if start <= t < stop)
-    done = [i for i in indices if run.tokens[i] is not None]
-    itl = [x for i in done for x in run.itl_s.get(i, [])]
-    ttft = [run.ttft_s[i] for i in done if i in run.ttft_s]
-    queue = [run.queue_s[i] for i in done if i in run.queue_s]
+    done = [i for i in indices if run.results[i] is not None]
     refused = set(run.refused)
     same = None
     if greedy and plain:
-        both = [i for i in done if plain.tokens[i] is not None]
-        got, want = [run.tokens[i] for i in both], [plain.tokens[i] for i in both]
+        both = [i for i in done if plain.results[i] is not None]
+        got = [run.results[i].token_ids for i in both]
+        want = [plain.results[i].token_ids for i in both]
         same = (verdict(target, [prompts[i] for i in both], got, want)[0]
                 if target is not None else got == want)
-    return {"throughput_tokens_per_s": tokens / max(stop - start, 1e-9),
+    return {**latency_stats(run, indices, window, queue=True),
             "completed": len(done), "refused": sum(1 for i in indices if i in refused),
-            "ttft_p50_ms": _percentile_ms(ttft, 50), "ttft_p99_ms": _percentile_ms(ttft, 99),
-            "itl_p50_ms": _percentile_ms(itl, 50), "itl_p99_ms": _percentile_ms(itl, 99),
-            "queue_p50_ms": _percentile_ms(queue, 50), "queue_p99_ms": _percentile_ms(queue, 99),
             "identical_to_plain": same}
 
 

@@ -24,34 +24,30 @@ What each STATS adds to bench's keys (harness.cell_stats):
 - throughput_tokens_per_s: output tokens / wall seconds of the whole run (for a category: its
   requests' tokens over the same run's wall seconds); speedup_vs_plain is the ratio of these
   to plain's at the same concurrency, identical_to_plain compares with that plain run.
-- ttft_p50_ms / ttft_p99_ms: time to first token, from when the client sent the request
-  (queueing and prefill included) to the step that emitted its first token.
-- itl_p50_ms / itl_p99_ms: inter-token latency per token: a step that emits m tokens g
-  seconds after the request's previous emission gives m intervals of g/m (what a reader of the
-  stream sees on average; speculation bunches tokens). Tokens of the first emission have none.
+- ttft_p50_ms / ttft_p99_ms, itl_p50_ms / itl_p99_ms: time to first token from when the client
+  sent the request, and inter-token latency per token (bench/runlog.py, the one run log that
+  the open loop and vLLM's runs keep too).
 - tokens_per_s and wall_s: per client — tokens over the summed request latencies.
 """
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 
 from autospec.bench.harness import OVERALL, Cell, cell_stats
-from autospec.bench.prompts import Prompt, prompt_ids
-from autospec.models.ties import logprob_verdict, verdict
 from autospec.bench.methods import fresh_history, hf_generate
-from autospec.bench.runner import RunResult
+from autospec.bench.prompts import Prompt, prompt_ids
 from autospec.bench.roofline import format_roofline, peaks, roofline
+from autospec.bench.runlog import RunLog, latency_stats, log_run
+from autospec.bench.runner import RunResult
 from autospec.controller.factory import make_controller
 from autospec.engine.loop import Engine
 from autospec.engine.request import Job
-from autospec.engine.request import Generation, Request
 from autospec.method import Method
+from autospec.models.ties import logprob_verdict, verdict
 from autospec.models.sampling import SamplingParams
 
 def parse_concurrency(text: str) -> list[int]:
@@ -74,16 +70,6 @@ def runs_under_load(method: Method) -> bool:
     return method.is_controller or (method.kind == "hf" and method.baseline == "generate")
 
 
-@dataclass
-class LoadRun:
-    """One method over the workload at one concurrency: results in prompt order, timings."""
-    results: list[RunResult]  # wall_s: each request's latency, from when its client sent it
-    request_ids: list[str]
-    wall_s: float
-    ttft_s: dict[str, float] = field(default_factory=dict)  # request id -> seconds
-    itl_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
-
-
 def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], levels: list[int],
              max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
              repeats: int = 1, progress: Callable[[str], None] | None = None,
@@ -101,7 +87,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
     for level in levels:
         batch = Engine(engine.models, engine.drafter_options, max_batch=level, max_len=max_len,
                        prefill_chunk=prefill_chunk)
-        runs: dict[Method, list[LoadRun]] = defaultdict(list)
+        runs: dict[Method, list[RunLog]] = defaultdict(list)
         for m in methods:  # warm-up: lazy init, allocator, the drafters' first calls
             warm = [Job(job.prompt, 4, job.sampling, seed) for job in jobs[:level]]
             if m.is_controller:
@@ -116,7 +102,7 @@ def run_load(engine: Engine, prompts: list[Prompt], methods: list[Method], level
                     # cross-request history (suffix) starts empty per level, method and repeat
                     batch.drafter_options = fresh_history(engine.drafter_options,
                                                           f"load {level} {m} #{r}")
-                    runs[m].append(_run(batch, jobs, make_controller(m)))
+                    runs[m].append(log_run(batch, jobs, make_controller(m)))
                 if progress:
                     progress(f"concurrency {level}, repeat {r + 1}/{repeats}: {m} "
                              f"{runs[m][-1].wall_s:.1f} s")
@@ -142,36 +128,10 @@ def merge_formats(by_format: dict[str, dict]) -> dict:
     return out
 
 
-def _run(batch: Engine, jobs: list[Job], controller) -> LoadRun:
-    run = LoadRun([], [], 0.0)
-    last: dict[str, float] = {}
-
-    def on_tokens(request: Request, tokens: list[int]) -> None:
-        now, rid = time.perf_counter(), request.request_id
-        if rid in last:
-            run.itl_s[rid].extend([(now - last[rid]) / len(tokens)] * len(tokens))
-        else:
-            run.ttft_s[rid] = now - request.started
-        last[rid] = now
-
-    t0 = time.perf_counter()
-    generations = batch.run(jobs, controller, on_tokens=on_tokens)
-    run.wall_s = time.perf_counter() - t0
-    run.results = [_result(g) for g in generations]
-    run.request_ids = [g.telemetry.request_id for g in generations]
-    return run
-
-
-def _result(generation: Generation) -> RunResult:
-    t = generation.telemetry
-    return RunResult(generation.token_ids, t.wall_seconds, t.proposed, t.accepted, t.steps,
-                     t.step_records)
-
-
-def _run_generate(engine: Engine, jobs: list[Job], level: int) -> LoadRun:
+def _run_generate(engine: Engine, jobs: list[Job], level: int) -> RunLog:
     """hf:generate as a static batch: consecutive groups of `level` jobs, one left-padded
     generate() call each (module docstring). TTFT = the group's wall; no ITL (no stream)."""
-    run = LoadRun([], [], 0.0)
+    log = RunLog([None] * len(jobs))
     pad = engine.models.tokenizer.eos_token_id  # what hf_generate pads finished rows with
     for start in range(0, len(jobs), level):
         group = jobs[start:start + level]
@@ -186,20 +146,18 @@ def _run_generate(engine: Engine, jobs: list[Job], level: int) -> LoadRun:
                           max(job.max_new_tokens for job in group),
                           group[0].sampling.temperature, group[0].seed)
         wall = time.perf_counter() - t0
-        run.wall_s += wall
+        log.wall_s += wall
         for i, job in enumerate(group, start):
-            rid = f"hf-{i}"
             tokens = out[i - start, width:].tolist()[:job.max_new_tokens]
             # a row that stopped early is padded to the group's length: cut after its EOS
             stop = next((j + 1 for j, t in enumerate(tokens) if t in engine.eos_ids), len(tokens))
-            run.results.append(RunResult(tokens[:stop], wall))
-            run.request_ids.append(rid)
-            run.ttft_s[rid] = wall
-    return run
+            log.results[i] = RunResult(tokens[:stop], wall)
+            log.ttft_s[i] = wall
+    return log
 
 
-def method_stats(run: LoadRun, prompts: list[Prompt], categories: list[str],
-                  plain: LoadRun | None, greedy: bool, target=None,
+def method_stats(run: RunLog, prompts: list[Prompt], categories: list[str],
+                  plain: RunLog | None, greedy: bool, target=None,
                   encoded: list[list[int]] | None = None) -> dict:
     """identical_to_plain: True, "near-tie" or False (models/ties.py) where `target` and the
     prompts' `encoded` ids are given, or both runs reported their log-probabilities
@@ -233,23 +191,13 @@ def method_stats(run: LoadRun, prompts: list[Prompt], categories: list[str],
     return {OVERALL: overall, "by_category": stats}
 
 
-def _stats(run: LoadRun, indices, same: bool | None) -> dict:
+def _stats(run: RunLog, indices, same: bool | None) -> dict:
     cell = Cell()
     for i in indices:
         cell.add(run.results[i])
-    ids = [run.request_ids[i] for i in indices]
-    ttft = [run.ttft_s[r] for r in ids]
-    itl = [x for r in ids for x in run.itl_s.get(r, [])]
-    return {**cell_stats([cell], same),
-            "throughput_tokens_per_s": cell.tokens / run.wall_s,
+    return {**cell_stats([cell], same), **latency_stats(run, indices),
             "controller_share": cell.controller_s / run.wall_s,  # of the run, not of the clients
-            "run_wall_s": run.wall_s,
-            "itl_p50_ms": _percentile_ms(itl, 50), "itl_p99_ms": _percentile_ms(itl, 99),
-            "ttft_p50_ms": _percentile_ms(ttft, 50), "ttft_p99_ms": _percentile_ms(ttft, 99)}
-
-
-def _percentile_ms(seconds: list[float], q: float) -> float | None:
-    return float(np.percentile(seconds, q)) * 1e3 if seconds else None
+            "run_wall_s": run.wall_s}
 
 
 def format_load_table(by_concurrency: dict) -> str:

@@ -34,10 +34,11 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Callable
 
-from autospec.bench.arrivals import Schedule, Sent, arrival_jobs, arrivals_report, run_arrivals
+from autospec.bench.arrivals import Schedule, arrival_jobs, arrivals_report, run_arrivals
 from autospec.bench.harness import OVERALL, machine_info
 from autospec.bench.prompts import Prompt, prompt_ids
-from autospec.bench.load import LoadRun, method_stats, run_load
+from autospec.bench.load import method_stats, run_load
+from autospec.bench.runlog import RunLog
 from autospec.bench.runner import RunResult
 from autospec.method import Method
 
@@ -126,43 +127,37 @@ def proposer_stats(worker) -> tuple[float, float, int, int] | None:
 
 
 def drive(llm, jobs: list[tuple[list[int], int]], level: int, temperature: float, seed: int,
-          tag: str) -> LoadRun:
+          tag: str) -> RunLog:
     """`level` closed-loop clients over `jobs` ((prompt ids, max new tokens) each), each client
     sending its next job when its last ends: the tokens, TTFT and ITL of each request."""
-    sent, results = _drive(llm, jobs, temperature, seed, tag,
-                           lambda i, in_flight, elapsed: elapsed if in_flight < level else None)
-    ids = [f"{tag}-{i}" for i in range(len(jobs))]
-    return LoadRun(results, ids, sent.wall_s, {ids[i]: s for i, s in sent.ttft_s.items()},
-                   {ids[i]: s for i, s in sent.itl_s.items()})
+    return _drive(llm, jobs, temperature, seed, tag,
+                  lambda i, in_flight, elapsed: elapsed if in_flight < level else None)
 
 
-def drive_open(llm, jobs, times: list[float], temperature: float, seed: int, tag: str) -> Sent:
+def drive_open(llm, jobs, times: list[float], temperature: float, seed: int, tag: str) -> RunLog:
     """Open loop: job i sent `times[i]` seconds after the start whatever the engine does; a
     request that finds every row taken waits in vLLM's own queue (its wait is inside TTFT)."""
-    sent, results = _drive(llm, [(job.prompt, job.max_new_tokens) for job in jobs], temperature,
-                           seed, tag, lambda i, in_flight, elapsed: times[i])
-    sent.tokens = [r.token_ids for r in results]
-    return sent
+    return _drive(llm, [(job.prompt, job.max_new_tokens) for job in jobs], temperature, seed,
+                  tag, lambda i, in_flight, elapsed: times[i])
 
 
 def _drive(llm, jobs: list[tuple[list[int], int]], temperature: float, seed: int, tag: str,
-           due: Callable[[int, int, float], float | None]) -> tuple[Sent, list[RunResult]]:
+           due: Callable[[int, int, float], float | None]) -> RunLog:
     """The add_request / step loop under drive and drive_open: jobs go in order, job i once
     `due(i, requests in flight, seconds since the start)` seconds after the start (None: not
-    yet). Each request's TTFT and latency run from when it was due. (Sent by job index, its
-    tokens left unset; each job's RunResult: tokens, latency, steps that emitted.)"""
+    yet). Each request's TTFT and latency run from when it was due. (The run's log by job
+    index: each job's RunResult, tokens, latency, steps that emitted, log-probabilities.)"""
     import vllm
     engine = llm.llm_engine
-    run = Sent([None] * len(jobs), {}, {}, {}, [], [], 0.0)
-    results: list[RunResult] = [None] * len(jobs)
+    log = RunLog([None] * len(jobs), start=time.perf_counter())
     pending, active = deque(range(len(jobs))), {}  # request id -> (job, when due)
-    seen, steps, last = [0] * len(jobs), [0] * len(jobs), [0.0] * len(jobs)
+    seen, steps = [0] * len(jobs), [0] * len(jobs)
     # greedy: each token's top-2 log-probabilities too (the identity verdict's margins at a
     # parting, models/ties.py logprob_verdict)
     params = [vllm.SamplingParams(temperature=temperature, max_tokens=n,
                                   seed=seed if temperature else None,
                                   logprobs=None if temperature else 2) for _, n in jobs]
-    t0 = time.perf_counter()
+    t0 = log.start
     while pending or active:
         while pending:
             elapsed = time.perf_counter() - t0
@@ -182,19 +177,15 @@ def _drive(llm, jobs: list[tuple[list[int], int]], temperature: float, seed: int
             now, tokens = time.perf_counter(), out.outputs[0].token_ids
             new = len(tokens) - seen[i]
             if new > 0:
-                run.emitted_at.append((now - t0, new))
-                if seen[i] == 0:
-                    run.ttft_s[i] = now - sent
-                else:
-                    run.itl_s.setdefault(i, []).extend([(now - last[i]) / new] * new)
-                last[i], seen[i] = now, len(tokens)
+                log.emit(i, new, sent, now)
+                seen[i] = len(tokens)
                 steps[i] += 1
             if out.finished:
-                results[i] = RunResult(list(tokens), now - sent, steps=steps[i],
-                                       logprobs=_logprobs(out.outputs[0].logprobs))
+                log.results[i] = RunResult(list(tokens), now - sent, steps=steps[i],
+                                           logprobs=_logprobs(out.outputs[0].logprobs))
                 del active[out.request_id]
-    run.wall_s = time.perf_counter() - t0
-    return run, results
+    log.wall_s = time.perf_counter() - t0
+    return log
 
 
 def _logprobs(positions) -> list[dict[int, float]] | None:
@@ -235,7 +226,7 @@ def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[Meth
     overhead: dict[Method, dict[str, float]] = {}
     adaptive = [m for m in theirs if m.kind == "adaptive"]  # autospec's proposer reports its stats
     for level in levels:
-        runs: dict[Method, list[LoadRun]] = {m: [] for m in theirs}
+        runs: dict[Method, list[RunLog]] = {m: [] for m in theirs}
         drafted: dict[Method, list[tuple[int, int]]] = {m: [] for m in theirs}
         before = {m: _proposer(engines[m]) for m in adaptive}
         for r in range(repeats):
@@ -269,7 +260,7 @@ def run_vllm_bench(engine, model: str, prompts: list[Prompt], methods: list[Meth
         if not sends:
             raise ValueError(f"--arrivals {schedule.text}: the schedule sends no request")
         open_jobs = arrival_jobs(engine, prompts, len(sends), max_new_tokens, temperature, seed)
-        sent: dict[str, Sent] = {}
+        sent: dict[str, RunLog] = {}
         for m in theirs:
             sent[m.spec] = drive_open(engines[m], open_jobs, [t for t, _ in sends],
                                       temperature, seed, f"open-{m}")
