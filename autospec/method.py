@@ -108,10 +108,17 @@ class Method:
         return ()
 
 
+def kind_of(text: str) -> str:
+    """The kind (a key of FORMS) a method's text names, as written or as a report keys it
+    (METHOD@FORMAT), reading no file (a policy's); "" where it names none."""
+    head = text.split("@", 1)[0].split(":", 1)[0]
+    return head if head in FORMS else ""
+
+
 def is_adaptive(text: str) -> bool:
     """Whether `text` names the online controller: `adaptive` or `adaptive:POLICY.yaml`. Every
     other method fixes the drafter and K (plain, static:) or runs a baseline (ctl:, hf:)."""
-    return text.split(":", 1)[0] == "adaptive"
+    return kind_of(text) == "adaptive"
 
 
 def parse_method(text: str) -> Method:

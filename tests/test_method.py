@@ -6,7 +6,7 @@ from autospec.controller.factory import make_controller
 from autospec.drafters.base import available_drafters
 from autospec.drafters.lookups import Lookups
 from autospec.method import (AUTOSPEC, FORMS, KNOWN, VLLM, Method, check_engine, is_adaptive,
-                             known, parse_method, parse_methods)
+                             kind_of, known, parse_method, parse_methods)
 from autospec.controller.interface import PLAIN, Decision, Outcome, Step, decide_one, observe_one
 from conftest import REPO_ROOT
 
@@ -59,6 +59,9 @@ def test_is_adaptive_agrees_with_the_parse_and_reads_no_policy_file():
         assert is_adaptive(text) == (parse_method(text).kind == "adaptive"), text
     assert is_adaptive("adaptive:/elsewhere/policy.yaml")  # not opened
     assert not is_adaptive("adaptivex") and not is_adaptive("static:adaptive:4")
+    for text in ("plain", "static:ngram:4", "ctl:ema", "vllm:ngram:2", "ours:adaptive"):
+        assert kind_of(text) == kind_of(f"{text}@int4") == parse_method(text).kind, text
+    assert kind_of("nonsense:4") == ""
 
 
 @pytest.mark.parametrize("text, error", [

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from autospec.method import is_adaptive, kind_of
+
 Cell = tuple[str, str, str]  # pair, workload (· category), concurrency ("1": one at a time)
 
 
@@ -39,7 +41,8 @@ def cells(report: dict, by_category: bool = False) -> dict[Cell, dict[str, float
 
 
 def is_fixed(spec: str) -> bool:
-    return spec == "plain" or spec.split(":", 1)[0] in ("static", "ctl", "vllm")
+    """A report key (METHOD or METHOD@FORMAT) that names a fixed setting (the docstring)."""
+    return kind_of(spec) in ("plain", "static", "ctl", "vllm")
 
 
 def one_setting_table(paths: list[Path], by_category: bool = False) -> str:
@@ -52,7 +55,7 @@ def one_setting_table(paths: list[Path], by_category: bool = False) -> str:
             raise ValueError(f"{path}: not an `autospec bench --json` report ({exc})") from None
     keys = sorted(table, key=lambda c: (c[0], c[1], int(c[2]) if c[2].isdigit() else 0))
     methods = list(dict.fromkeys(spec for c in keys for spec in table[c]
-                                 if is_fixed(spec) or spec.startswith("adaptive")))
+                                 if is_fixed(spec) or is_adaptive(spec)))
     ratios = {spec: [] for spec in methods}
     for c in keys:
         best = max((v for spec, v in table[c].items() if is_fixed(spec)), default=None)
@@ -73,6 +76,6 @@ def one_setting_table(paths: list[Path], by_category: bool = False) -> str:
         spec, worst = max(fixed.items(), key=lambda kv: kv[1])
         summary.append(f"best single fixed setting: {spec}, worst cell {worst:.2f} of that cell's best")
     for spec, worst in complete.items():
-        if spec.startswith("adaptive"):
+        if is_adaptive(spec):
             summary.append(f"{spec}: worst cell {worst:.2f}")
     return "\n".join(lines) + "\n\n" + "; ".join(summary) + "\n"
