@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from autospec import paths
+from autospec.models.weights import GROUP
 
 log = logging.getLogger("autospec.compiled")
 
@@ -291,7 +292,6 @@ def _shape(weight) -> tuple[int, int]:
 def _product(x: torch.Tensor, weight) -> torch.Tensor:
     """x (T, K) by one product's weight (_shape's forms): the int4 kernel where it has blocks
     (`bucket` keeps such a library to INT4_WIDEST rows), else its values by F.linear."""
-    from autospec.models.weights import GROUP
     if len(weight) == 2:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight[0], GROUP, weight[1])
     return F.linear(x, weight[0])

@@ -36,6 +36,7 @@ from autospec.models import BLOCKS_FILE, KEPT_DIR
 from autospec.models.fetch_errors import FetchError, writing
 from autospec.models.gguf import convert_gguf, read_gguf_blocks
 from autospec.models.pair import quiet_loading
+from autospec.models.weights import FormatError, check_blocks, save_blocks
 from autospec.paths import WHEELHOUSE_ENV, downloads_dir, smollm2_dir, wheelhouse
 
 MARKER = "fetched.json"
@@ -201,7 +202,6 @@ def keep_blocks(gguf: Path, target: Path, log: Callable[[str], None]) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from autospec.models.weights import FormatError, check_blocks, save_blocks
     with quiet_loading():
         model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
     blocks = read_gguf_blocks(gguf, model.config.num_attention_heads,

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from autospec.models import ModelLoadError
+from autospec.models import weights as formats
 from autospec.models.pairs import named_pair, pair_name_for
 from autospec.models.shared_draft import borrowed_layers, is_shared_draft, load_shared_draft
 from autospec.paths import REFERENCE_DIR
@@ -96,8 +97,7 @@ def weight_bytes(model: nn.Module) -> int:
     """Bytes of weights one forward of one token reads, as their format stores them (int4:
     models/weights.py): all of them, except an input embedding that is not also the output
     head (a look-up reads one row of it)."""
-    from autospec.models.weights import stored_bytes
-    total = stored_bytes(model)
+    total = formats.stored_bytes(model)
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     if embedding is not None and getattr(head, "weight", None) is not embedding.weight:
         total -= embedding.weight.numel() * embedding.weight.element_size()
@@ -185,7 +185,6 @@ def load_pair(target: str | None = None, draft: str | None = None,
     the target's folder). Speculative output is plain decoding's at the same format, but at a
     near-tie (models/ties.py)."""
     from transformers import AutoTokenizer
-    from autospec.models import weights as formats
     if target is None:
         target = str(ensure_reference() / "target")
         if draft is None and with_draft:
@@ -217,6 +216,8 @@ def load_pair(target: str | None = None, draft: str | None = None,
     eagle_model = (_load_shared(eagle, target_model, torch_dtype, "feature head", head=True)
                    if eagle else None)
     _to_format(weights, target, target_model, draft_model, exit_model, eagle_model)
+    # imported where used, as below: forward's model code costs ~3 s to import, build's ~4 s,
+    # and a process that only fetches or names pairs needs neither
     from autospec.models.forward import prepare_compiled
     prepare_compiled(target_model, draft_model, exit_model)  # before any step (models/compiled.py)
     return ModelPair(target_model, tokenizer, draft_model, target, draft, exit_model, eagle_model)
@@ -234,7 +235,6 @@ def load_named_pair(name: str, weights: str = "auto") -> ModelPair:
 
 def _to_format(weights: str, target: str, target_model: nn.Module, *others) -> None:
     """Every model of a pair at `weights`, the target first (the others borrow its tensors)."""
-    from autospec.models import weights as formats
     if weights == "float32":
         return
     slow = formats.warn_if_slow(weights)

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import torch
 
+from autospec.models.weights import format_of
+
 NEAR_TIE = 1e-3
 
 
 def near_tie(model, ids: list[int]) -> float:
     """The top-2 margin below which an argmax may flip on `ids` (a prompt and plain's output)."""
-    from autospec.models.weights import format_of
     if format_of(model) == "float32":
         return NEAR_TIE
     key = (id(model), tuple(ids))  # a bench asks once per method of the same plain output
