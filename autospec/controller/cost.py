@@ -153,7 +153,6 @@ class StepCost:
         self.steps = 0.0  # steps (each row of a batch 1 / rows of one)
         self._since_drafted = 0.0  # steps since the last drafted one
         self._sizes: dict[tuple[int, int], _Size] = {}  # (rows, widest drafted)
-        self._widths: dict[int, list[int]] = {}  # rows -> the drafted widths measured there
         self._drafted_then: bool | None = None  # the last solve's latest step drafted
         self._overhead = RunningMedian()
         self.draft: dict[str, float] = {}  # drafter -> seconds per drafted token
@@ -186,8 +185,6 @@ class StepCost:
         size = self._sizes.get((rows, width - 1))
         if size is None:
             size = self._sizes[rows, width - 1] = _Size()
-            if width > 1:
-                self._widths.setdefault(rows, []).append(width - 1)
         if self.observed >= 5:  # against the size's own steps, else the last plane solved
             if size.n >= 1.0:
                 seconds = min(seconds, CLIP * size.seconds)
@@ -301,13 +298,11 @@ class StepCost:
         own, n = self._beyond(rows, 0, plane)
         plain = own * n / (n + SIZE_PRIOR)
         fixed = max(a + (b + c + overhead) * rows + plain, 1e-6)
-        trust, residuals = self._trust(), [0.0] * (self.k_max + 1)
-        if trust > 0.0:
-            for k in self._widths.get(rows, ()):  # relative to the plain step's
-                own, n = self._beyond(rows, k, plane)
-                n *= trust
-                if n and k <= self.k_max:
-                    residuals[k] = (own - plain) * n / (n + SIZE_PRIOR)
+        trust, residuals = self._trust(), [0.0]
+        for k in range(1, self.k_max + 1):  # relative to the plain step's
+            own, n = self._beyond(rows, k, plane)
+            n *= trust
+            residuals.append((own - plain) * n / (n + SIZE_PRIOR) if n else 0.0)
         own, n = self._beyond(1, 0, plane)
         single = max(a + b + c + overhead + own * n / (n + SIZE_PRIOR), 1e-6)
         out = self._prices[rows] = Prices(rows, fixed, c, tuple(residuals), single, jump, width)
