@@ -14,11 +14,12 @@ the machine's limit, memory- or compute-bound as `limit` says.
 
 `step_profile` (bench --profile) says where a one-token forward's time goes: the forward timed
 at one context, then its own products (each called alone, as the forward calls it: the int4
-kernel, oneDNN, F.linear) and its attention (each layer's, over that context) timed apart; what
-is left is everything else (norms, rotary, cache writes, the calls between them). Beside it,
-the weights' bytes at the copy peak: the share of the forward that is reading them, the floor
-a step at this machine's limit would reach; and a verify's forward of 3 and 5 tokens over
-a one-token forward's.
+kernel, oneDNN, F.linear; one pass over them all, as a forward streams them, each call's Python
+included, which a compiled forward does not pay: ~1 ms of SmolLM2's 121 products) and its
+attention (each layer's, over that context) timed apart; what is left is everything else
+(norms, rotary, cache writes, the calls between them). Beside it, the weights' bytes at the copy
+peak: the share of the forward that is reading them, the floor a step at this machine's limit
+would reach; and a verify's forward of 3 and 5 tokens over a one-token forward's.
 """
 from __future__ import annotations
 
@@ -135,10 +136,7 @@ def step_profile(engine, prompt_ids: list[int], copy_gbs: float) -> dict | None:
         cache.lengths[slot] = context
         engine.abandon(request)
     dtype = next(model.parameters()).dtype if format_of(model) == "float32" else torch.bfloat16
-    spent = {"layers": 0.0, "head": 0.0}
-    for part, product, width in products:
-        x = torch.randn(1, width).to(dtype)
-        spent[part] += _seconds(lambda: product(x), rounds=3)
+    spent = _product_seconds(products, dtype)
     layers, kv_heads, head_dim = kv_shape(model)
     heads = model.config.num_attention_heads
     query = torch.randn(1, heads, 1, head_dim).to(dtype)
@@ -153,6 +151,23 @@ def step_profile(engine, prompt_ids: list[int], copy_gbs: float) -> dict | None:
             "weight_bytes": weights, "copy_gbs": copy_gbs, "weights_s": weights / (copy_gbs * 1e9),
             "verify_3": widths[3] / step, "verify_5": widths[5] / step,
             "compiled": ran_compiled(model)}
+
+
+def _product_seconds(products: list, dtype: torch.dtype) -> dict[str, float]:
+    """Seconds of a forward's products by part (layers, head): each called once a pass, in the
+    forward's order, so that each weight streams from memory as the forward reads it (one
+    product called over and over reads its weight from the cache: SmolLM2's layers at int4
+    measured so 2.7 ms where a forward spends 3.5), the median pass of PROFILE_ROUNDS."""
+    inputs = [(part, product, torch.randn(1, width).to(dtype)) for part, product, width in products]
+    passes = []
+    for _ in range(PROFILE_ROUNDS + 1):  # the first a warm-up
+        spent = {"layers": 0.0, "head": 0.0}
+        for part, product, x in inputs:
+            t0 = time.perf_counter()
+            product(x)
+            spent[part] += time.perf_counter() - t0
+        passes.append(spent)
+    return {part: statistics.median(p[part] for p in passes[1:]) for part in ("layers", "head")}
 
 
 def format_step_profile(profile: dict | None, label: str = "") -> str:

@@ -21,8 +21,9 @@ torch.compile 20.3, this 15.8-17 ms).
 Shapes. The row's cache (1, kv_heads, capacity, head_dim) and the start (a 0-d tensor) are
 dynamic, so one library serves every context and capacity. One library per width bucket
 (`bucket`): one token (a plain step, no mask), and a verify's 2 .. MAX_WIDTH tokens — at int4
-up to INT4_WIDEST, its products all by the int4 kernel (wider, products.py's oneDNN over the
-blocks' values is faster). Other widths (a prompt, a long int4 verify) run eager.
+up to the int4 kernel's widest (models/quantized.py `widest`), its products all by that
+kernel, which AOTInductor calls directly (`quantized.C_SHIMS`); wider, products.py's oneDNN
+over the blocks' values is faster. Other widths (a prompt, a long int4 verify) run eager.
 
 The first start compiles each bucket when first met (a line on stderr each, ~10-25 s); a
 process that cannot (no C++ compiler, an op it cannot export) warns once, naming why, and runs
@@ -46,16 +47,11 @@ import torch
 import torch.nn.functional as F
 
 from autospec import paths
-from autospec.models.weights import GROUP
+from autospec.models import quantized
 
 log = logging.getLogger("autospec.compiled")
 
 MAX_WIDTH = 17  # a verify at the default k_max (16) + 1
-# at int4 the library's products are the int4 kernel, whose time grows with the rows; up to
-# this many tokens it still beats the eager forward's oneDNN over the blocks' values (SmolLM2,
-# 1 thread, busy machine, ms, compiled / eager: 5 tokens 28.4 / 42.5, 8 34.2 / 43.7, 12
-# 47.0 / 48.6, 17 64.5 / 53.7; one token 16.6 / 21.9)
-INT4_WIDEST = 8
 _SOURCE = Path(__file__).read_bytes()  # the code a library is compiled from: part of its name
 
 
@@ -68,10 +64,11 @@ def enabled() -> bool:
 
 def bucket(width: int, int4: bool) -> int | None:
     """The library a one-row forward of `width` tokens runs: 0 one token, 1 a verify; None
-    eager (wider than MAX_WIDTH, at int4 than INT4_WIDEST: products.py's oneDNN)."""
+    eager (wider than MAX_WIDTH, at int4 than the int4 kernel's `quantized.widest(4)`: products.py's
+    oneDNN)."""
     if width == 1:
         return 0
-    return 1 if width <= (INT4_WIDEST if int4 else MAX_WIDTH) else None
+    return 1 if width <= (quantized.widest(4) if int4 else MAX_WIDTH) else None
 
 
 def one_row_graph(plan, name: str) -> "OneRowGraph | None":
@@ -130,7 +127,8 @@ class OneRowGraph:
         (torch, this module's code, the CPU's instruction set, the shapes and constants)."""
         key = hashlib.sha256(repr((
             torch.__version__, _SOURCE, torch.backends.cpu.get_cpu_capability(),
-            which, str(dtype), self.int4, self.eps, tuple(self.inv_freq.shape),
+            which, str(dtype), self.int4 and quantized.widest(4), self.eps,
+            tuple(self.inv_freq.shape),
             [(tuple(w.shape), str(w.dtype)) for w in self.weights[0]])).encode()).hexdigest()[:20]
         return paths.compile_cache_dir() / f"one-row-{which}-{key}.pt2"
 
@@ -154,7 +152,7 @@ class OneRowGraph:
         """Export one_row_layer for bucket `which` over scratch inputs and compile it into
         `path` (written aside and renamed: another process may be compiling it too)."""
         from torch.export import Dim
-        widest = INT4_WIDEST if self.int4 else MAX_WIDTH
+        widest = quantized.widest(4) if self.int4 else MAX_WIDTH
         print(f"compiling {self.name}'s one-row forward, "
               f"{'one token' if which == 0 else f'2-{widest} tokens'} (once; kept in "
               f"{path.parent}) ...", file=sys.stderr, flush=True)
@@ -177,7 +175,11 @@ class OneRowGraph:
                 prefer_deferred_runtime_asserts_over_guards=True)
             aside = path.with_name(f"{path.stem}.{os.getpid()}.tmp.pt2")
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch._inductor.aoti_compile_and_package(program, package_path=str(aside))
+            shims = ({getattr(torch.ops.autospec, op).default: declared
+                      for op, declared in quantized.C_SHIMS.items()}
+                     if self.int4 and quantized.available() else {})
+            with torch._inductor.config.patch({"aot_inductor.custom_ops_to_c_shims": shims}):
+                torch._inductor.aoti_compile_and_package(program, package_path=str(aside))
         os.replace(aside, path)
         print(f"compiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
@@ -199,11 +201,12 @@ class _Exported(torch.nn.Module):
 
 def _layer_weights(layer) -> list[torch.Tensor]:
     """A decoder layer's tensors as one_row_layer reads them: its norms, then per product
-    (QKV, O, gate-up, down) its weight or, at int4, its packed values and scales-and-zeros."""
+    (QKV, O, gate-up, down) its weight or, at int4, its forms (models/quantized.py `int4_forms`)."""
     out = [layer.input_norm, layer.post_norm]
     for product in (layer.qkv, layer.o, layer.gate_up, layer.down):
         weights = product.weights
-        out += weights.int4_packed(product.modules) if weights.int4 else [weights.plain(product.modules)]
+        out += (weights.int4_packed(product.modules) if weights.int4
+                else (weights.plain(product.modules),))
     return out
 
 
@@ -241,9 +244,8 @@ def one_row_layer(x: torch.Tensor, start: int, inv_freq: torch.Tensor, key_store
     value_store (1, kv_heads, capacity, head_dim), attending to positions < start + T. The
     head counts come from the weights' shapes (static): the rotary's angles give head_dim, O's
     input the query heads, QKV's output the key/value heads."""
-    int4 = len(weights) == 10  # each product two tensors (values, scales) rather than one
-    products = ([weights[i:i + 2] for i in range(2, 10, 2)] if int4
-                else [weights[i:i + 1] for i in range(2, 6)])
+    per = (len(weights) - 2) // 4  # a product's tensors: its weight, or its int4 forms
+    products = [weights[i:i + per] for i in range(2, len(weights), per)]
     input_norm, post_norm = weights[:2]
     qkv_w, o_w, gate_up_w, down_w = products
     head_dim = 2 * inv_freq.shape[0]
@@ -284,14 +286,13 @@ def one_row_layer(x: torch.Tensor, start: int, inv_freq: torch.Tensor, key_store
 
 
 def _shape(weight) -> tuple[int, int]:
-    """(outputs, inputs) of a product's weight: (values (N, K / 2), scales) or (weight (N, K),)."""
-    first = weight[0]
-    return (first.shape[0], 2 * first.shape[1]) if len(weight) == 2 else tuple(first.shape)
+    """(outputs, inputs) of a product's weight: int4 forms (uint8) or (weight (N, K),)."""
+    return quantized.shape(weight) if weight[0].dtype == torch.uint8 else tuple(weight[0].shape)
 
 
 def _product(x: torch.Tensor, weight) -> torch.Tensor:
     """x (T, K) by one product's weight (_shape's forms): the int4 kernel where it has blocks
-    (`bucket` keeps such a library to INT4_WIDEST rows), else its values by F.linear."""
-    if len(weight) == 2:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight[0], GROUP, weight[1])
+    (`bucket` keeps such a library to its widest rows), else its values by F.linear."""
+    if weight[0].dtype == torch.uint8:
+        return quantized.mm(x, weight)
     return F.linear(x, weight[0])

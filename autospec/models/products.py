@@ -6,7 +6,8 @@ reads it for one (SmolLM2's head: 13 GB/s at one token, 3.5-5.5 at 2-9); by a la
 once into a blocked layout (`_Weights`: 15-22 GB/s at 1-3 tokens, 13-16 at 5-9; a copy of those
 weights, made on first use and again when a weight changes — SmolLM2 in float32: ~0.5 GB
 more). At int4 a few rows' products run torch's int4 kernel over the 4-bit blocks
-(`INT4_ROWS`), an 8-bit head torch's 8-bit kernel at one row (`INT8_ROWS`; models/weights.py)."""
+and an 8-bit head (models/weights.py) run the 4- and 8-bit kernels up to
+`quantized.widest(bits)` rows (models/quantized.py)."""
 from __future__ import annotations
 
 import weakref
@@ -15,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autospec.models.weights import GROUP, blocks_of, int8_of, stack_blocks
+from autospec.models import quantized
+from autospec.models.weights import blocks_of, int8_of, stack_blocks
 
 
 class Product:
@@ -34,12 +36,12 @@ class Product:
         if torch.is_grad_enabled() and any(m.weight.requires_grad for m in modules):
             return torch.cat([F.linear(x, m.weight) for m in modules], -1)  # gradients reach each
         flat = x.reshape(-1, x.shape[-1])
-        if weights.int8 is not None and x.dtype == torch.bfloat16 and flat.shape[0] < INT8_ROWS:
-            out = torch._weight_int8pack_mm(flat.contiguous(), *weights.int8)
+        if weights.int8 is not None and x.dtype == torch.bfloat16 \
+                and flat.shape[0] <= quantized.widest(8):
+            out = quantized.mm(flat.contiguous(), weights.int8_packed())
             return out.view(*x.shape[:-1], out.shape[-1])
-        if weights.int4 and x.dtype == torch.bfloat16 and flat.shape[0] < INT4_ROWS:
-            values, scales = weights.int4_packed(modules)
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), values, GROUP, scales)
+        if weights.int4 and x.dtype == torch.bfloat16 and flat.shape[0] <= quantized.widest(4):
+            out = quantized.mm(flat.contiguous(), weights.int4_packed(modules))
             return out.view(*x.shape[:-1], out.shape[-1])
         floor = MIN_PACKED if x.numel() > x.shape[-1] else MIN_PACKED_ONE
         if not (weights.packs and weights.size >= floor and x.dtype == weights.dtype):
@@ -67,7 +69,8 @@ class _Weights:
         self.int8 = int8_of(modules[0]) if len(modules) == 1 and weight.device.type == "cpu" else None
         self._plain: torch.Tensor | None = None
         self._packed: torch.Tensor | None = None
-        self._int4: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._int4: tuple[torch.Tensor, ...] | None = None
+        self._int8_forms: tuple[torch.Tensor, ...] | None = None
 
     def plain(self, modules: tuple[nn.Linear, ...]) -> torch.Tensor:
         if self._plain is None:
@@ -79,12 +82,18 @@ class _Weights:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(_stack(modules), PACK_HINT)
         return self._packed
 
-    def int4_packed(self, modules: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stacked modules' packed 4-bit values and bfloat16 scales and zeros (their
-        outputs side by side, as stacking along N gives)."""
+    def int4_packed(self, modules: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+        """The stacked modules' blocks (their outputs side by side, as stacking along N
+        gives) in the int4 kernel's forms (models/quantized.py `int4_forms`)."""
         if self._int4 is None:  # packed once stacked: the packing interleaves blocks of rows
-            self._int4 = stack_blocks([blocks_of(m) for m in modules]).packed()
+            self._int4 = quantized.int4_forms(stack_blocks([blocks_of(m) for m in modules]))
         return self._int4
+
+    def int8_packed(self) -> tuple[torch.Tensor, ...]:
+        """An 8-bit head's values and scales in the int8 kernel's forms (`int8_forms`)."""
+        if self._int8_forms is None:
+            self._int8_forms = quantized.int8_forms(*self.int8)
+        return self._int8_forms
 
 
 def _key(modules: tuple[nn.Linear, ...]) -> tuple:
@@ -128,15 +137,6 @@ MIN_PACKED = 1 << 18
 # 10.9 / 11.3 / 10.5 (oneDNN's reads: SmolLM2's head 19-22 GB/s against F.linear's 11)
 MIN_PACKED_ONE = 1 << 19
 PACKS = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-# an int4 product by the int4 kernel below this many rows (tokens of all rows), by oneDNN over
-# the blocks' values in bfloat16 from it: the kernel's time grows with the rows as oneDNN's
-# does not. SmolLM2's four products of a layer (us, int4 / bfloat16): 1 row 124 / 173, 4 rows
-# 218 / 233, 6 rows 364 / 209, 16 rows 724 / 381, 64 rows 2776 / 1167; quiet, 2 threads
-INT4_ROWS = 5
-# an 8-bit head (int4's) by torch's 8-bit kernel below this many rows, by oneDNN over its
-# values in bfloat16 from it: SmolLM2's head, 1 thread, ms (8-bit / oneDNN): 1 row 2.1 / 4.9,
-# 3 rows 3.9 / 4.7, 5 rows 6.7 / 3.8
-INT8_ROWS = 2
 # the weights oneDNN's prepacked products take: float32, and bfloat16 (--weights bfloat16,
 # and an int4 model's head): SmolLM2's 121 products at one row 13.8 ms against 28.6 in
 # float32 and 22.8 by F.linear in bfloat16, quiet machine, 2 threads

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from autospec.cli import main
 from autospec.engine.loop import Engine
 from autospec.engine.jobs import Job
-from autospec.models import weights
+from autospec.models import quantized, weights
 from autospec.models.gguf import read_gguf_blocks
 from autospec.models.products import Product
 from autospec.models import ModelLoadError
@@ -73,27 +73,27 @@ def test_gguf_blocks_are_the_values_gguf_dequantizes(tmp_path, kind):
 
 
 def test_int4_products_are_the_blocks_values_and_rows_do_not_interact():
-    """Below INT4_ROWS rows by the int4 kernel, a row's output the same bits at any row count;
-    from it by oneDNN over the blocks' values in bfloat16: both the blocks' function."""
-    from autospec.models.products import INT4_ROWS
+    """Up to quantized.widest(4) rows by the int4 kernel, a row's output the same bits at any row
+    count; from there by oneDNN over the blocks' values in bfloat16: both the blocks' function."""
+    widest = quantized.widest(4)
     torch.manual_seed(0)
     gate, up = torch.nn.Linear(64, 96, bias=False), torch.nn.Linear(64, 48, bias=False)
     model = torch.nn.Sequential(gate, up)
     weights.apply(model, "int4")
     blocks = [weights.blocks_of(m).dequantize() for m in (gate, up)]
-    x = torch.randn(INT4_ROWS + 3, 64).to(torch.bfloat16)
+    x = torch.randn(widest + 3, 64).to(torch.bfloat16)
     with torch.inference_mode():
-        for rows in (INT4_ROWS - 1, INT4_ROWS + 3):
+        for rows in (widest, widest + 3):
             out = Product(gate, up)(x[:rows])
             want = torch.cat([x[:rows].float() @ b.t() for b in blocks], -1)
             torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0.01)
-        few = Product(gate, up)(x[:INT4_ROWS - 1])
-        assert torch.equal(Product(gate, up)(x[:1])[0], few[0])  # one row = a row of several
-        # below INT4_ROWS it is the int4 kernel over the stacked blocks, not a bfloat16 product
-        values, scales = weights.stack_blocks([weights.blocks_of(m) for m in (gate, up)]).packed()
-        kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(x[:INT4_ROWS - 1], values,
-                                                            weights.GROUP, scales)
-        assert torch.equal(few, kernel)
+        few = Product(gate, up)(x[:widest])
+        for rows in range(1, widest):  # a row is a row of several
+            assert torch.equal(Product(gate, up)(x[:rows]), few[:rows])
+        # up to widest it is the int4 kernel over the stacked blocks, not a bfloat16 product
+        stacked = quantized.int4_forms(
+            weights.stack_blocks([weights.blocks_of(m) for m in (gate, up)]))
+        assert torch.equal(few, quantized.mm(x[:widest], stacked))
 
 
 def test_int4_bytes_are_what_the_blocks_store_and_the_roofline_counts_them():
@@ -112,16 +112,17 @@ def test_int4_bytes_are_what_the_blocks_store_and_the_roofline_counts_them():
         quantized * (2 - 0.5 - 4 / 32) + head * (2 - 1) - 2 * scales.numel())
 
 
-def test_the_8_bit_head_runs_the_8_bit_kernel_for_one_row_its_values_for_more():
+def test_the_8_bit_head_runs_the_8_bit_kernel_for_a_few_rows_its_values_for_more():
     i4 = load_pair(weights="int4", with_draft=False).target
     head = i4.lm_head
     values, scales = weights.int8_of(head)
-    x = torch.randn(3, head.in_features).to(torch.bfloat16)
+    widest = quantized.widest(8)
+    x = torch.randn(widest + 2, head.in_features).to(torch.bfloat16)
     from autospec.models.forward import step_products
-    from autospec.models.products import INT8_ROWS
     (_, product, _), = [p for p in step_products(i4) if p[0] == "head"]
-    assert torch.equal(product(x[:1]), torch._weight_int8pack_mm(x[:1], values, scales))
-    assert INT8_ROWS <= 3  # more rows: oneDNN over the values in bfloat16, the same function
+    forms = quantized.int8_forms(values, scales)
+    assert torch.equal(product(x[:widest]), quantized.mm(x[:widest], forms))
+    # more rows: oneDNN over the values in bfloat16, the same function
     assert (product(x).float() - torch.nn.functional.linear(x, head.weight).float()).abs().max() < 0.1
 
 
