@@ -7,9 +7,11 @@ one reads a weight once per four rows, so a verify of K + 1 tokens cost far more
 one-token step; the 8-bit head read at half the peak. quantized.cpp streams each weight once for
 up to eight rows, prefetching ahead, its inner loop a fused multiply-add per row over the
 weight's values in float32, a 4-bit block's scale and zero (an 8-bit row's scale) applied once
-(its header says how). Weights streamed from memory, 2 threads, ms (torch's / these):
-- SmolLM2's 30 layers' products at int4: 1 row 3.8 / 3.1, 3 rows 5.7 / 4.6, 5 rows 11.6 / 6.3,
-  8 rows 12.5 / 9.1;
+(its header says how). From 4 rows, on a CPU with AMX, a 4-bit weight's values go through the
+tile unit instead: their conversion is per weight, not per row, so 16 rows cost little more
+than 4. Weights streamed from memory, 2 threads, ms (torch's / these):
+- SmolLM2's 30 layers' products at int4: 1 row 3.8 / 3.1, 3 rows 5.7 / 4.6, 5 rows 11.6 / 6.3
+  (AMX 4.8), 8 rows 12.5 / 9.1 (AMX 5.7), 16 rows (oneDNN in bfloat16) 13.0 / AMX 8.0;
 - its 8-bit head: 1 row 2.4 / 1.1, 3 rows 2.8 / 1.0, 5 rows 4.5 (oneDNN in bfloat16 2.4) / 1.4.
 
 The kernels are C++ for AVX-512, built by torch's own extension builder the first time a process
@@ -21,8 +23,9 @@ line names why, and every product runs torch's kernels over torch's forms, as be
 and `int8_forms` give whichever forms the process runs, `mm` takes any, `widest` says how many
 rows they pay for.
 
-Lossless: a row's output is the same bits at any row count (each row's arithmetic is its own),
-and it is the weight's product within bfloat16's rounding, as torch's kernels' are
+Lossless: a row's output is the same bits at any row count on one path (each row's arithmetic
+is its own; the 4-bit kernel's paths are 1-3 rows and, on AMX, 4 and more), and it is the
+weight's product within bfloat16's rounding, as torch's kernels' are
 (tests/models/test_quantized.py).
 """
 from __future__ import annotations
@@ -67,17 +70,22 @@ def available() -> bool:
 
 # the most rows a product runs by these kernels: from one more, oneDNN over the weight's values
 # in bfloat16 (products.py) is faster. Weights streamed, 2 threads, ms (this kernel / oneDNN):
-# SmolLM2's 30 layers at int4 5 rows 6.5 / 12.3, 8 9.2 / 12.7, 9 11.4 / 12.2, 12 13.7 / 12.5; its
-# 8-bit head 8 rows 2.0 / 2.4 (over 8 rows a tile is read again: 9 rows ~3.1)
+# SmolLM2's 30 layers at int4 5 rows 6.5 / 12.3, 8 9.2 / 12.7, 9 11.4 / 12.2, 12 13.7 / 12.5, on
+# AMX 16 rows 8.0 / 13.0 (its 24 rows 12.7); its 8-bit head 8 rows 2.0 / 2.4 (over 8 rows a
+# tile is read again: 9 rows ~3.1)
 WIDEST = {4: 11, 8: 8}
+AMX_WIDEST = 16
 # torch's: the int4 kernel reads a weight once per 4 rows; the 8-bit one is slower than oneDNN
 # in bfloat16 from 2 rows (SmolLM2's head, ms, 8-bit / oneDNN: 1 row 2.1 / 4.9, 3 rows 3.9 / 4.7)
 TORCH_WIDEST = {4: 4, 8: 1}
 
 
 def widest(bits: int) -> int:
-    """The most rows this process's kernel for `bits`-bit weights takes (WIDEST, or torch's)."""
-    return (WIDEST if available() else TORCH_WIDEST)[bits]
+    """The most rows this process's kernel for `bits`-bit weights takes (WIDEST; 4-bit on AMX
+    AMX_WIDEST; torch's TORCH_WIDEST)."""
+    if not available():
+        return TORCH_WIDEST[bits]
+    return AMX_WIDEST if bits == 4 and _STATE["amx"] else WIDEST[bits]
 
 
 def int4_forms(blocks: Int4Blocks) -> tuple[torch.Tensor, ...]:
@@ -172,7 +180,11 @@ def _load() -> None:
                        extra_cflags=["-O3", "-fopenmp", *(f"-m{f}" for f in _FLAGS)],
                        is_python_module=False, verbose=False)
     # its C entry points visible to the libraries AOTInductor compiles (`C_SHIMS`)
-    ctypes.CDLL(str(where / f"{name}.so"), mode=os.RTLD_GLOBAL)
+    library = ctypes.CDLL(str(where / f"{name}.so"), mode=os.RTLD_GLOBAL)
+    # AMX where the CPU has it and Linux grants this process its tile registers
+    flags = _cpu_flags()
+    _STATE["amx"] = {"amx_tile", "amx_bf16"} <= flags and torch._C._cpu._init_amx()
+    library.autospec_use_amx(int(_STATE["amx"]))
     if not built:
         print(f"built in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 

@@ -65,12 +65,18 @@ def test_the_8bit_product_is_the_weights_within_bfloat16_rounding(rows):
 
 
 def test_a_rows_bits_are_the_same_in_any_batch():
+    """On one path: the int4 kernel's 1-3 rows, and 4 and more (AMX where the CPU has it, a
+    tile product's sum in another order); the 8-bit kernel at every row count."""
     x = torch.randn(19, 96).to(torch.bfloat16)
-    for forms in (quantized.int4_forms(_blocks(64, 96, seed=1)),
-                  quantized.int8_forms(*_int8(64, 96))):
-        whole = quantized.mm(x, forms)
-        for rows in (1, 4, 8, 9, 16):
+    int4_forms = quantized.int4_forms(_blocks(64, 96, seed=1))
+    int8_forms = quantized.int8_forms(*_int8(64, 96))
+    for forms, counts in ((int4_forms, (1, 2)), (int4_forms, (4, 8, 9, 16)),
+                          (int8_forms, (1, 4, 8, 9, 16))):
+        whole = quantized.mm(x[:3] if counts[0] == 1 and forms is int4_forms else x, forms)
+        for rows in counts:
             assert torch.equal(quantized.mm(x[:rows], forms), whole[:rows])
+    torch.testing.assert_close(quantized.mm(x[:1], int4_forms), quantized.mm(x, int4_forms)[:1],
+                               atol=2e-3, rtol=8e-3)
 
 
 def test_bad_input_is_refused_with_what_is_wrong():
@@ -114,7 +120,7 @@ def _probe(env: dict) -> subprocess.CompletedProcess:
 def test_a_later_process_loads_the_kernel_without_building():
     done = _probe({})  # the suite's cache: this process has built it already
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "1", str(quantized.WIDEST[4]), "(3,", "32)"]
+    assert done.stdout.split() == ["True", "1", str(quantized.widest(4)), "(3,", "32)"]
     assert "building" not in done.stderr
 
 
@@ -136,8 +142,8 @@ def test_the_compiled_int4_forward_calls_the_kernel_and_gives_eagers_logits(monk
     ids = load_pair(with_draft=False).tokenizer.encode(PROMPT)
     feeds = [len(ids) - 22] + [3, 1, 5, 1] * 2 + [1] * 2  # verifies of 3 and 5, single steps
     graph = _plan(target).graph
-    assert graph is not None and graph.takes(quantized.WIDEST[4])
-    assert not graph.takes(quantized.WIDEST[4] + 1)
+    assert graph is not None and graph.takes(quantized.widest(4))
+    assert not graph.takes(quantized.widest(4) + 1)
     assert all(w.dtype == torch.uint8 for w in graph.weights[0][2:])  # the kernel's tiles
     got = _logits(target, ids, feeds)
     assert set(graph.runners) == {0, 1}  # both libraries ran
