@@ -14,12 +14,12 @@ the machine's limit, memory- or compute-bound as `limit` says.
 
 `step_profile` (bench --profile) says where a one-token forward's time goes: the forward timed
 at one context, then its own products (each called alone, as the forward calls it: the int4
-kernel, oneDNN, F.linear; one pass over them all, as a forward streams them, each call's Python
-included, which a compiled forward does not pay: ~1 ms of SmolLM2's 121 products) and its
-attention (each layer's, over that context) timed apart; what is left is everything else
-(norms, rotary, cache writes, the calls between them). Beside it, the weights' bytes at the copy
-peak: the share of the forward that is reading them, the floor a step at this machine's limit
-would reach; and a verify's forward of 3 and 5 tokens over a one-token forward's.
+kernel, oneDNN, F.linear; one pass over them all, as a forward streams them; a quantized one
+by its kernel called directly, as the compiled forward calls it) and its attention (each
+layer's, over that context) timed apart; what is left is everything else (norms, rotary, cache
+writes, the calls between them). Beside it, the weights' bytes at the copy peak: the share of
+the forward that is reading them, the floor a step at this machine's limit would reach; and a
+verify's forward of 3 and 5 tokens over a one-token forward's.
 """
 from __future__ import annotations
 
@@ -157,8 +157,10 @@ def _product_seconds(products: list, dtype: torch.dtype) -> dict[str, float]:
     """Seconds of a forward's products by part (layers, head): each called once a pass, in the
     forward's order, so that each weight streams from memory as the forward reads it (one
     product called over and over reads its weight from the cache: SmolLM2's layers at int4
-    measured so 2.7 ms where a forward spends 3.5), the median pass of PROFILE_ROUNDS."""
-    inputs = [(part, product, torch.randn(1, width).to(dtype)) for part, product, width in products]
+    measured so 2.7 ms where a forward spends 3.5), the median pass of PROFILE_ROUNDS. A
+    quantized product is its kernel called alone (`_kernel`), as a compiled forward calls it."""
+    inputs = [(part, _kernel(product, dtype), torch.randn(1, width).to(dtype))
+              for part, product, width in products]
     passes = []
     for _ in range(PROFILE_ROUNDS + 1):  # the first a warm-up
         spent = {"layers": 0.0, "head": 0.0}
@@ -168,6 +170,21 @@ def _product_seconds(products: list, dtype: torch.dtype) -> dict[str, float]:
             spent[part] += time.perf_counter() - t0
         passes.append(spent)
     return {part: statistics.median(p[part] for p in passes[1:]) for part in ("layers", "head")}
+
+
+def _kernel(product, dtype: torch.dtype):
+    """What a one-token forward runs for `product` (models/products.py Product): the int4 or
+    8-bit kernel itself for a quantized weight at bfloat16 (one call into C++, as a compiled
+    forward makes it, not the Python of Product's choice), else the Product."""
+    from autospec.models import quantized
+    weights = product.weights
+    if dtype == torch.bfloat16 and weights.int8 is not None:
+        forms = weights.int8_packed()
+    elif dtype == torch.bfloat16 and weights.int4:
+        forms = weights.int4_packed(product.modules)
+    else:
+        return product
+    return lambda x: quantized.mm(x, forms)
 
 
 def format_step_profile(profile: dict | None, label: str = "") -> str:

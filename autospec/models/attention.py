@@ -189,23 +189,28 @@ UNGROUPED = ("sliding_window", "softcap", "s_aux")
 
 def grouped_attention(query, key, value, mask, scaling: float | None) -> torch.Tensor:
     """softmax(q k^T * scaling + mask) v for rows of a few query positions, (n, T, H, D), each
-    key/value head shared by its H / H_kv query heads without copying it per query head.
+    key/value head shared by its H / H_kv query heads without copying it per query head: torch's
+    sdpa over each key/value head's query heads as its queries (one_row_attention's way, for n
+    rows), under each query's row of the (additive) mask.
 
-    Written out because torch's CPU sdpa was the step's largest cost in exactly this shape:
-    16 SmolLM2 rows, one of them 2 tokens wide, attended in 111 ms a step against 13 ms at
-    1 token each (the flash kernel at T = 2, and the copy of K and V to every query head
-    transformers makes for sdpa with a mask); this takes a step of 16 rows + 1 drafted token
-    from 206 to 83 ms (16 plain tokens: 79 ms either way; at one row sdpa is as fast, and stays)."""
+    Torch's CPU sdpa was once the step's largest cost in exactly this shape: 16 SmolLM2 rows,
+    one of them 2 tokens wide, attended in 111 ms a step against 13 ms at 1 token each — the
+    copy of K and V to every query head transformers makes for sdpa with a mask. Without that
+    copy it is the fastest here: 16 rows over a 300-token cache, 2 threads, us a layer (sdpa /
+    the same arithmetic written out in matmuls): SmolLM2 in bfloat16 at T = 1, 2, 5, 17: 245 /
+    585, 279 / 573, 378 / 694, 937 / 1182; the reference pair's shape in float32 283 / 301,
+    548 / 537 at T = 5, 1415 / 2961 at T = 17."""
     n, heads, width, dim = query.shape
     kv_heads, span = key.shape[1], key.shape[2]
     group = heads // kv_heads
-    scores = torch.matmul(query.reshape(n, kv_heads, group * width, dim), key.transpose(-1, -2))
-    scores.mul_(scaling if scaling is not None else dim ** -0.5)
-    scores = scores.view(n, kv_heads, group, width, span)
-    if mask is not None:  # (n, 1, T, span), additive
-        scores.add_(mask[:, :, None, :, :span])
-    probs = torch.softmax(scores, dim=-1).view(n, kv_heads, group * width, span)
-    return torch.matmul(probs, value).view(n, heads, width, dim).transpose(1, 2)
+    if mask is not None:  # (n, 1, T, >= span): query (g, t) of a key/value head, query t's row
+        mask = mask[..., :span]
+        if group > 1:
+            mask = mask.expand(n, group, width, span).reshape(n, 1, group * width, span)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(n, kv_heads, group * width, dim), key, value, attn_mask=mask,
+        scale=scaling if scaling is not None else dim ** -0.5)
+    return out.reshape(n, heads, width, dim).transpose(1, 2)
 
 
 @contextlib.contextmanager
