@@ -64,11 +64,16 @@ def enabled() -> bool:
 
 def bucket(width: int, int4: bool) -> int | None:
     """The library a one-row forward of `width` tokens runs: 0 one token, 1 a verify; None
-    eager (wider than MAX_WIDTH, at int4 than the int4 kernel's `quantized.widest(4)`: products.py's
-    oneDNN)."""
+    eager (wider than `widest`: at int4, products.py's oneDNN)."""
     if width == 1:
         return 0
-    return 1 if width <= (quantized.widest(4) if int4 else MAX_WIDTH) else None
+    return 1 if width <= widest(int4) else None
+
+
+def widest(int4: bool) -> int:
+    """The widest verify the verify library takes: MAX_WIDTH, at int4 at most the int4
+    kernel's widest (models/quantized.py `widest`)."""
+    return min(MAX_WIDTH, quantized.widest(4)) if int4 else MAX_WIDTH
 
 
 def one_row_graph(plan, name: str) -> "OneRowGraph | None":
@@ -127,7 +132,7 @@ class OneRowGraph:
         (torch, this module's code, the CPU's instruction set, the shapes and constants)."""
         key = hashlib.sha256(repr((
             torch.__version__, _SOURCE, torch.backends.cpu.get_cpu_capability(),
-            which, str(dtype), self.int4 and quantized.widest(4), self.eps,
+            which, str(dtype), widest(self.int4), self.eps,
             tuple(self.inv_freq.shape),
             [(tuple(w.shape), str(w.dtype)) for w in self.weights[0]])).encode()).hexdigest()[:20]
         return paths.compile_cache_dir() / f"one-row-{which}-{key}.pt2"
@@ -152,9 +157,9 @@ class OneRowGraph:
         """Export one_row_layer for bucket `which` over scratch inputs and compile it into
         `path` (written aside and renamed: another process may be compiling it too)."""
         from torch.export import Dim
-        widest = quantized.widest(4) if self.int4 else MAX_WIDTH
+        wide = widest(self.int4)
         print(f"compiling {self.name}'s one-row forward, "
-              f"{'one token' if which == 0 else f'2-{widest} tokens'} (once; kept in "
+              f"{'one token' if which == 0 else f'2-{wide} tokens'} (once; kept in "
               f"{path.parent}) ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         _use_cache_dir()
@@ -164,7 +169,7 @@ class OneRowGraph:
                           for _ in range(2))
             x = torch.zeros((1 if which == 0 else 2, self.hidden), dtype=dtype)
             capacity = Dim("capacity", min=2, max=1 << 20)
-            width = Dim("width", min=2, max=widest) if which else None
+            width = Dim("width", min=2, max=wide) if which else None
             program = torch.export.export(
                 _Exported(self.eps), (x, torch.tensor(3), self.inv_freq, key, value,
                                       self.weights[0]),

@@ -11,7 +11,8 @@ weight's values in float32, a 4-bit block's scale and zero (an 8-bit row's scale
 tile unit instead: their conversion is per weight, not per row, so 16 rows cost little more
 than 4. Weights streamed from memory, 2 threads, ms (torch's / these):
 - SmolLM2's 30 layers' products at int4: 1 row 3.8 / 3.1, 3 rows 5.7 / 4.6, 5 rows 11.6 / 6.3
-  (AMX 4.8), 8 rows 12.5 / 9.1 (AMX 5.7), 16 rows (oneDNN in bfloat16) 13.0 / AMX 8.0;
+  (AMX 4.8), 8 rows 12.5 / 9.1 (AMX 5.7), 16 rows (oneDNN in bfloat16) 13.0 / AMX 8.0, 17
+  rows (oneDNN) 14.0 / AMX 12.1;
 - its 8-bit head: 1 row 2.4 / 1.1, 3 rows 2.8 / 1.0, 5 rows 4.5 (oneDNN in bfloat16 2.4) / 1.4.
 
 The kernels are C++ for AVX-512, built by torch's own extension builder the first time a process
@@ -70,11 +71,12 @@ def available() -> bool:
 
 # the most rows a product runs by these kernels: from one more, oneDNN over the weight's values
 # in bfloat16 (products.py) is faster. Weights streamed, 2 threads, ms (this kernel / oneDNN):
-# SmolLM2's 30 layers at int4 5 rows 6.5 / 12.3, 8 9.2 / 12.7, 9 11.4 / 12.2, 12 13.7 / 12.5, on
-# AMX 16 rows 8.0 / 13.0 (its 24 rows 12.7); its 8-bit head 8 rows 2.0 / 2.4 (over 8 rows a
-# tile is read again: 9 rows ~3.1)
+# SmolLM2's 30 layers at int4 5 rows 6.5 / 12.3, 8 9.2 / 12.7, 9 11.4 / 12.2, 12 13.7 / 12.5; on
+# AMX (16 rows a pass over the weights) 16 rows 7.9 / 12.6, 17 12.1 / 14.0, 24 13.6 / 14.5, 32
+# 15.6 / 15.1 — so a verify at the default k_max (17 tokens) stays on AMX, and compiled; its
+# 8-bit head 8 rows 2.0 / 2.4 (over 8 rows a tile is read again: 9 rows ~3.1)
 WIDEST = {4: 11, 8: 8}
-AMX_WIDEST = 16
+AMX_WIDEST = 24
 # torch's: the int4 kernel reads a weight once per 4 rows; the 8-bit one is slower than oneDNN
 # in bfloat16 from 2 rows (SmolLM2's head, ms, 8-bit / oneDNN: 1 row 2.1 / 4.9, 3 rows 3.9 / 4.7)
 TORCH_WIDEST = {4: 4, 8: 1}
