@@ -116,7 +116,7 @@ def step_profile(engine, prompt_ids: list[int], copy_gbs: float) -> dict | None:
     the rest; the weights' bytes and their seconds at `copy_gbs`; verify / one-token forward
     for 3 and 5 tokens. None for a target whose forward is transformers' (no products to
     time apart)."""
-    from autospec.models.attention import one_row_attention
+    from autospec.models.attention import grouped_attention
     from autospec.models.forward import ran_compiled, step_products
     from autospec.models.weights import format_of
     model = engine.models.target
@@ -141,7 +141,7 @@ def step_profile(engine, prompt_ids: list[int], copy_gbs: float) -> dict | None:
     heads = model.config.num_attention_heads
     query = torch.randn(1, heads, 1, head_dim).to(dtype)
     kv = torch.randn(1, kv_heads, context + 1, head_dim).to(dtype)
-    attention = layers * _seconds(lambda: one_row_attention(query, kv, kv, None, head_dim ** -0.5),
+    attention = layers * _seconds(lambda: grouped_attention(query, kv, kv, None, head_dim ** -0.5),
                                   rounds=3)
     step = widths[1]
     weights = weight_bytes(model)  # as stored, an untied embedding's one row left out
@@ -173,18 +173,12 @@ def _product_seconds(products: list, dtype: torch.dtype) -> dict[str, float]:
 
 
 def _kernel(product, dtype: torch.dtype):
-    """What a one-token forward runs for `product` (models/products.py Product): the int4 or
-    8-bit kernel itself for a quantized weight at bfloat16 (one call into C++, as a compiled
-    forward makes it, not the Python of Product's choice), else the Product."""
+    """What a one-token forward runs for `product` (models/products.py Product): the 4- or
+    8-bit kernel itself where Product runs one (one call into C++, as a compiled forward makes
+    it, not the Python of Product's choice), else the Product."""
     from autospec.models import quantized
-    weights = product.weights
-    if dtype == torch.bfloat16 and weights.int8 is not None:
-        forms = weights.int8_packed()
-    elif dtype == torch.bfloat16 and weights.int4:
-        forms = weights.int4_packed(product.modules)
-    else:
-        return product
-    return lambda x: quantized.mm(x, forms)
+    forms = product.quantized(dtype, 1)
+    return product if forms is None else (lambda x: quantized.mm(x, forms))
 
 
 def format_step_profile(profile: dict | None, label: str = "") -> str:

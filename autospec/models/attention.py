@@ -79,17 +79,16 @@ def rows_attention(module, query, key, value, attention_mask, packed: Packing | 
     """Attention over rows at their own offsets (key/value (n, H_kv, span, D), the rows' mask
     (n, 1, T, span)), with transformers' attention interface's arguments. Packed (`packed`:
     where the rows sit), query (1, H, N, D) holds the rows' real tokens back to back; attended
-    per row, the result is packed again, (1, N, H, D). Several rows of a few tokens each (a
-    verify step) attend by `grouped_attention`, one row of a few (a verify at batch 1) by
-    `one_row_attention`; anything else (a prefill) by transformers' sdpa as before."""
+    per row, the result is packed again, (1, N, H, D). Rows of a few tokens each (a verify step,
+    one row's verify at batch 1) attend by `grouped_attention`; anything else (a prefill) by
+    transformers' sdpa as before."""
     grouped = not any(kwargs.get(name) for name in UNGROUPED)
     if packed is None:
-        n, width = query.shape[0], query.shape[2]
-        if 1 < n and width <= GROUPED_MAX_WIDTH and grouped:
+        # one row grouped only under its own mask: without one, transformers' sdpa is causal
+        one_masked = (attention_mask is not None and attention_mask.shape[1] == 1
+                      and not kwargs.get("dropout"))
+        if query.shape[2] <= GROUPED_MAX_WIDTH and grouped and (query.shape[0] > 1 or one_masked):
             return grouped_attention(query, key, value, attention_mask, kwargs.get("scaling")), None
-        if (n == 1 and width <= GROUPED_MAX_WIDTH and grouped and attention_mask is not None
-                and attention_mask.shape[1] == 1 and not kwargs.get("dropout")):
-            return one_row_attention(query, key, value, attention_mask, kwargs.get("scaling")), None
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
     tokens = query[0].transpose(0, 1)  # (N, H, D)
     if not packed.solo:
@@ -144,25 +143,6 @@ def _packed_attention(packed: Packing, module, tokens, key, value, attention_mas
     return out
 
 
-def one_row_attention(query, key, value, mask, scaling: float | None) -> torch.Tensor:
-    """One row's queries (1, H, T, D) over its cache (1, H_kv, span, D) under its additive or
-    boolean mask (1, 1, T, span; None: every position visible), (1, T, H, D): sdpa with each
-    key/value head's query heads as its queries, as transformers' sdpa does at one token
-    without a mask. With a mask transformers copies K and V to every query head instead: a
-    SmolLM2 verify's attention (9 query heads over 3) took 190-320 us a layer that way and
-    75-180 this way (T = 2-8, span 150-400); the same values to the last bits."""
-    _, heads, width, dim = query.shape
-    kv_heads, span = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    if group > 1:
-        query = query.reshape(1, kv_heads, group * width, dim)
-        if mask is not None:  # query (g, t) of a key/value head: query t's mask
-            mask = mask.expand(1, group, width, span).reshape(1, 1, group * width, span)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask,
-                                                           scale=scaling)
-    return out.reshape(1, heads, width, dim).transpose(1, 2)
-
-
 def two_passes(rows: int, wide: int, width: int) -> bool:
     """Whether a packed step's attention goes in two passes (every row's first token, then the
     wide rows' others over their own K and V, gathered) rather than one over every row padded
@@ -188,22 +168,23 @@ UNGROUPED = ("sliding_window", "softcap", "s_aux")
 
 
 def grouped_attention(query, key, value, mask, scaling: float | None) -> torch.Tensor:
-    """softmax(q k^T * scaling + mask) v for rows of a few query positions, (n, T, H, D), each
-    key/value head shared by its H / H_kv query heads without copying it per query head: torch's
-    sdpa over each key/value head's query heads as its queries (one_row_attention's way, for n
-    rows), under each query's row of the (additive) mask.
+    """softmax(q k^T * scaling + mask) v for n rows of a few query positions (n, H, T, D) over
+    their caches (n, H_kv, span, D) under their additive or boolean mask (n, 1, T, >= span;
+    None: every position visible), (n, T, H, D): torch's sdpa with each key/value head's query
+    heads as its queries, so no key/value head is copied per query head.
 
-    Torch's CPU sdpa was once the step's largest cost in exactly this shape: 16 SmolLM2 rows,
-    one of them 2 tokens wide, attended in 111 ms a step against 13 ms at 1 token each — the
-    copy of K and V to every query head transformers makes for sdpa with a mask. Without that
-    copy it is the fastest here: 16 rows over a 300-token cache, 2 threads, us a layer (sdpa /
-    the same arithmetic written out in matmuls): SmolLM2 in bfloat16 at T = 1, 2, 5, 17: 245 /
-    585, 279 / 573, 378 / 694, 937 / 1182; the reference pair's shape in float32 283 / 301,
-    548 / 537 at T = 5, 1415 / 2961 at T = 17."""
+    transformers' sdpa with a mask copies K and V to every query head: a SmolLM2 verify's
+    attention at one row (9 query heads over 3) took 190-320 us a layer that way and 75-180
+    this way (T = 2-8, span 150-400), the same values to the last bits; at 16 rows, one of them
+    2 tokens wide, 111 ms a step against 13 at 1 token each. Against the same arithmetic
+    written out in matmuls (which copied the caches' strided K and V every layer), 16 rows over
+    a 300-token cache, 2 threads, us a layer (sdpa / matmuls): SmolLM2 in bfloat16 at T = 1, 2,
+    5, 17: 245 / 585, 279 / 573, 378 / 694, 937 / 1182; the reference pair's shape in float32
+    283 / 301, 548 / 537 at T = 5, 1415 / 2961 at T = 17."""
     n, heads, width, dim = query.shape
     kv_heads, span = key.shape[1], key.shape[2]
     group = heads // kv_heads
-    if mask is not None:  # (n, 1, T, >= span): query (g, t) of a key/value head, query t's row
+    if mask is not None:  # query (g, t) of a key/value head: query t's row of the mask
         mask = mask[..., :span]
         if group > 1:
             mask = mask.expand(n, group, width, span).reshape(n, 1, group * width, span)

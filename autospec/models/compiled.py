@@ -3,7 +3,7 @@
 A one-token step of SmolLM2 at int4 spent more than half its time neither reading weights nor
 attending: ~300 small ops a step (norms, rotary, cache writes, views), each dispatched from
 Python. `one_row_layer` is llama_forward's decoder layer for one row (models/forward.py: the
-same arithmetic, its cache write and one_row_attention inlined) as a pure function of tensors;
+same arithmetic, its cache write and grouped_attention inlined) as a pure function of tensors;
 torch.export traces it once and AOTInductor compiles it into a shared library (the small ops
 fused into a few C++ loops, the products called from it), kept on disk (`package_path`, under
 AUTOSPEC_CACHE) and loaded by later starts in milliseconds. The library is one layer, its
@@ -279,7 +279,7 @@ def one_row_layer(x: torch.Tensor, start: int, inv_freq: torch.Tensor, key_store
     qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin
     key_store[0, :, start:span] = qk[heads:]
     value_store[0, :, start:span] = qkv[heads + kv_heads:]
-    # one_row_attention: each key/value head's query heads as its queries
+    # grouped_attention: each key/value head's query heads as its queries
     query = qk[:heads].reshape(1, kv_heads, group * width, head_dim)
     out = F.scaled_dot_product_attention(query, key_store[:, :, :span], value_store[:, :, :span],
                                          attn_mask=mask, scale=scaling)

@@ -13,7 +13,7 @@ reordered once into a blocked layout (`Product`, models/products.py). One forwar
 transformers' on the same RowCache: SmolLM2 one row 61 against 70 ms, a 3-token verify 58-71
 against 120-143, 16 rows 117-122 against 165-177. What it reads of the model
 (modules, weights, head counts) it looks up once (`_Plan`), checked each forward in one pass;
-a one-token step at one row attends without a mask (`one_row_attention`), and in float32
+a one-token step at one row attends without a mask (`grouped_attention`), and in float32
 the norm is torch's rms_norm (both the same bits): a one-row one-token forward of the
 reference pair 10.4 -> 8.6 ms, SmolLM2 53 -> 46.5 (alternated in one process).
 
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autospec.models.attention import ROWS_ATTENTION, Packing, one_row_attention, rows_attention
+from autospec.models.attention import ROWS_ATTENTION, Packing, grouped_attention, rows_attention
 from autospec.models.compiled import one_row_graph
 from autospec.models.plan import ForwardBatch
 from autospec.models.products import Product
@@ -269,7 +269,7 @@ def _decoder_layer(layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch
     qk = _rotate(qkv[:, :heads + kv_heads], cos, sin)  # Q's heads and K's, rotated at once
     k, v = cache_layer.update(qk[:, heads:], qkv[:, heads + kv_heads:])
     if one:
-        out = one_row_attention(qk[:, :heads], k, v, None, layer.scaling)
+        out = grouped_attention(qk[:, :heads], k, v, None, layer.scaling)
     else:
         out, _ = rows_attention(layer.attn, qk[:, :heads], k, v, attention_mask, packing,
                                 scaling=layer.scaling, dropout=0.0)

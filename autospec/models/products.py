@@ -5,9 +5,8 @@ reads it for one (SmolLM2's head: 13 GB/s at one token, 3.5-5.5 at 2-9); by a la
 (`MIN_PACKED`; for one token `MIN_PACKED_ONE`) a product runs oneDNN over the weight reordered
 once into a blocked layout (`_Weights`: 15-22 GB/s at 1-3 tokens, 13-16 at 5-9; a copy of those
 weights, made on first use and again when a weight changes — SmolLM2 in float32: ~0.5 GB
-more). At int4 a few rows' products run torch's int4 kernel over the 4-bit blocks
-and an 8-bit head (models/weights.py) run the 4- and 8-bit kernels up to
-`quantized.widest(bits)` rows (models/quantized.py)."""
+more). At int4 the products of up to `quantized.widest(bits)` rows by the 4-bit blocks and by
+an 8-bit head (models/weights.py) run the 4- and 8-bit kernels (models/quantized.py)."""
 from __future__ import annotations
 
 import weakref
@@ -36,12 +35,9 @@ class Product:
         if torch.is_grad_enabled() and any(m.weight.requires_grad for m in modules):
             return torch.cat([F.linear(x, m.weight) for m in modules], -1)  # gradients reach each
         flat = x.reshape(-1, x.shape[-1])
-        if weights.int8 is not None and x.dtype == torch.bfloat16 \
-                and flat.shape[0] <= quantized.widest(8):
-            out = quantized.mm(flat.contiguous(), weights.int8_packed())
-            return out.view(*x.shape[:-1], out.shape[-1])
-        if weights.int4 and x.dtype == torch.bfloat16 and flat.shape[0] <= quantized.widest(4):
-            out = quantized.mm(flat.contiguous(), weights.int4_packed(modules))
+        forms = self.quantized(x.dtype, flat.shape[0])
+        if forms is not None:
+            out = quantized.mm(flat.contiguous(), forms)
             return out.view(*x.shape[:-1], out.shape[-1])
         floor = MIN_PACKED if x.numel() > x.shape[-1] else MIN_PACKED_ONE
         if not (weights.packs and weights.size >= floor and x.dtype == weights.dtype):
@@ -49,6 +45,20 @@ class Product:
         out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), weights.packed(modules), None,
                                                  "none", [], "")
         return out.view(*x.shape[:-1], out.shape[-1])
+
+
+    def quantized(self, dtype: torch.dtype, rows: int) -> tuple[torch.Tensor, ...] | None:
+        """The weight in a quantized kernel's forms where a product of `rows` rows of `dtype` runs
+        that kernel (an 8-bit head, or 4-bit blocks, at bfloat16, up to `quantized.widest`
+        rows); None where it does not."""
+        weights = self.weights
+        if dtype != torch.bfloat16:
+            return None
+        if weights.int8 is not None:
+            return weights.int8_packed() if rows <= quantized.widest(8) else None
+        if weights.int4:
+            return weights.int4_packed(self.modules) if rows <= quantized.widest(4) else None
+        return None
 
 
 class _Weights:

@@ -32,6 +32,7 @@ weight's product within bfloat16's rounding, as torch's kernels' are
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -42,7 +43,7 @@ from pathlib import Path
 import torch
 
 from autospec import paths
-from autospec.models.weights import GROUP, Int4Blocks, _cpu_flags
+from autospec.models.weights import GROUP, Int4Blocks, cpu_flags
 
 log = logging.getLogger("autospec.quantized")
 
@@ -82,6 +83,7 @@ AMX_WIDEST = 24
 TORCH_WIDEST = {4: 4, 8: 1}
 
 
+@functools.cache  # read by every quantized product: the process's kernels do not change
 def widest(bits: int) -> int:
     """The most rows this process's kernel for `bits`-bit weights takes (WIDEST; 4-bit on AMX
     AMX_WIDEST; torch's TORCH_WIDEST)."""
@@ -164,7 +166,8 @@ def pack8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def _load() -> None:
     """Build quantized.cpp into AUTOSPEC_CACHE where it is not built yet, and load it
     (registering torch.ops.autospec.int4_mm and int8_mm, and their shapes for export)."""
-    missing = [f for f in _FLAGS if f not in _cpu_flags()]
+    flags = cpu_flags()
+    missing = [f for f in _FLAGS if f not in flags]
     if missing:
         raise RuntimeError(f"this CPU lacks {', '.join(missing)}")
     from torch.utils import cpp_extension
@@ -184,7 +187,6 @@ def _load() -> None:
     # its C entry points visible to the libraries AOTInductor compiles (`C_SHIMS`)
     library = ctypes.CDLL(str(where / f"{name}.so"), mode=os.RTLD_GLOBAL)
     # AMX where the CPU has it and Linux grants this process its tile registers
-    flags = _cpu_flags()
     _STATE["amx"] = {"amx_tile", "amx_bf16"} <= flags and torch._C._cpu._init_amx()
     library.autospec_use_amx(int(_STATE["amx"]))
     if not built:

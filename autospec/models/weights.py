@@ -204,14 +204,15 @@ def warn_if_slow(name: str) -> str | None:
     """A line saying that `name` runs slowly on this CPU and what to run instead, or None."""
     if name == "float32":
         return None
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if flags and not ({"avx512_bf16", "amx_bf16"} & flags):
         return (f"--weights {name}: this CPU has neither avx512_bf16 nor AMX, so bfloat16 "
                 f"products are emulated and slow; --weights float32 runs faster here")
     return None
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """This CPU's flags (/proc/cpuinfo), empty where it cannot be read."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):

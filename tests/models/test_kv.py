@@ -74,12 +74,12 @@ def test_an_engine_packs_its_target_and_other_forwards_keep_their_attention(refe
 
 
 def test_grouped_attention_is_sdpas_with_shared_kv_heads_and_the_rows_mask():
-    """Rows of a few tokens attend by grouped_attention (several rows) and by
-    one_row_attention (one row, its mask additive or boolean): transformers' sdpa's outputs,
+    """Rows of a few tokens attend by grouped_attention (several rows, or one, its mask
+    additive or boolean): transformers' sdpa's outputs,
     query heads sharing key/value heads (SmolLM2: 9 over 3)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from autospec.models.attention import grouped_attention, one_row_attention, rows_attention
+    from autospec.models.attention import grouped_attention, rows_attention
 
     gen = torch.Generator().manual_seed(0)
     n, heads, kv_heads, width, span, dim = 5, 9, 3, 3, 40, 16
@@ -103,7 +103,7 @@ def test_grouped_attention_is_sdpas_with_shared_kv_heads_and_the_rows_mask():
                                     scaling=0.3, dropout=0.0)
             torch.testing.assert_close(out, expected[one])
     last = slice(1, 2)  # its last query sees every position it holds: no mask needed
-    out = one_row_attention(query[last, :, -1:], key[last, :, :40], value[last, :, :40], None, 0.3)
+    out = grouped_attention(query[last, :, -1:], key[last, :, :40], value[last, :, :40], None, 0.3)
     torch.testing.assert_close(out, expected[last, -1:])
 
 

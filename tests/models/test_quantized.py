@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -147,6 +148,10 @@ def test_the_compiled_int4_forward_calls_the_kernel_and_gives_eagers_logits(monk
     assert all(w.dtype == torch.uint8 for w in graph.weights[0][2:])  # the kernel's tiles
     got = _logits(target, ids, feeds)
     assert set(graph.runners) == {0, 1}  # both libraries ran
+    for which in (0, 1):  # each calls the kernel's C entry point, not the dispatcher
+        with zipfile.ZipFile(graph.package_path(which, torch.bfloat16)) as package:
+            wrapper = [n for n in package.namelist() if n.endswith(".wrapper.cpp")]
+            assert wrapper and "aoti_torch_cpu_int4_mm(" in package.read(wrapper[0]).decode()
     _PLANS[target].graph = None
     eager = _logits(target, ids, feeds)
     # the same products (one kernel), the small ops in another order: within the rounding

@@ -185,10 +185,10 @@ def test_auto_is_the_targets_own_format(tmp_path):
 
 
 def test_a_cpu_without_bfloat16_products_is_warned_about(monkeypatch):
-    monkeypatch.setattr(weights, "_cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(weights, "cpu_flags", lambda: {"avx2", "fma"})
     line = weights.warn_if_slow("int4")
     assert "neither avx512_bf16 nor AMX" in line and "--weights float32" in line
-    monkeypatch.setattr(weights, "_cpu_flags", lambda: {"avx512_bf16"})
+    monkeypatch.setattr(weights, "cpu_flags", lambda: {"avx512_bf16"})
     assert weights.warn_if_slow("bfloat16") is None
 
 
