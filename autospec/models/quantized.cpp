@@ -12,8 +12,9 @@
 //   (zero - 8 scale) * sum(x): the inner loop is q (0..15, exact in float32) times x.
 // - 8-bit (`pack8`): per input 16 bytes (output j's value in byte j), then the 16 row scales.
 // The inner loops are a fused multiply-add per row and 16 outputs, two chains (even and odd
-// inputs) a row. A row's arithmetic is the same whatever M: a row's output is the same bits in
-// any batch.
+// inputs) a row. On a CPU with AMX, more rows go through the tile unit (tile4_amx from
+// AMX_FROM rows, tile_wide from WIDE_FROM / WIDE8_FROM). Within each path a row's arithmetic is
+// the same whatever M: a row's output is the same bits in any batch on that path.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -222,6 +223,157 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_config(int rows) {
 
 __attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
 
+// More than AMX_ROWS rows (up to WIDE_ROWS a pass): each block's values dequantized to bfloat16
+// once, its scale and zero folded in ((q - 8) scale + zero in float32, rounded to nearest even:
+// the values products.py's oneDNN path reads, but for the scales' bfloat16), so the tile
+// products accumulate over every block and are stored once a tile — no per-block store and
+// scale for every 16 rows, which made two passes of 16 cost 1.5x one
+constexpr int64_t WIDE_ROWS = 64;
+// from this many rows the wide kernel is faster (SmolLM2's 30 layers, streamed, 2 threads, ms,
+// wide / tile4_amx: 4 rows 6.0 / 5.2, 12 7.1 / 6.7, 16 7.6 / 8.3, 17 7.7 / 12.8, 24 8.8 / 14.0,
+// 32 10.2 / 16.2, 64 18.2 / 30.3; oneDNN in bfloat16 16 13.1, 32 14.7, 48 15.5, 64 17.0)
+constexpr int64_t WIDE_FROM = 16;
+// and for an 8-bit weight (its values exact in bfloat16; SmolLM2's head streamed, 2 threads, ms,
+// wide / tile8: 2 rows 0.90 / 0.76, 4 0.99 / 1.05, 8 1.21 / 1.80; 16 1.36, 32 1.63, 64 2.34,
+// where oneDNN in bfloat16 took 2.8 at 16)
+constexpr int64_t WIDE8_FROM = 4;
+
+__attribute__((target("avx512bf16"))) inline void amx_dequant(const uint8_t* q,
+                                                             uint16_t (*values)[2 * TILE]) {
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(q + VALUE_BYTES);
+  const __m512 scale = bf16_to_f32(scales), zero = bf16_to_f32(scales + TILE);
+  const __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, zero);
+  const __m512i nibble = _mm512_set1_epi32(0xF);
+  // bfloat16 words [even inputs' 16 outputs, odd inputs' 16] to B's layout: output j's pair
+  // at words 2j, 2j + 1
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+#pragma GCC unroll 4
+  for (int p = 0; p < GROUP / 2; ++p) {
+    __m512i v = _mm512_cvtepu8_epi32(load16(q + p * TILE));  // dword j: output j's byte
+    __m512 even = _mm512_cvtepi32_ps(_mm512_and_si512(v, nibble));
+    __m512 odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+    even = _mm512_fmadd_ps(even, scale, offset);
+    odd = _mm512_fmadd_ps(odd, scale, offset);
+    __m512i words = (__m512i)_mm512_cvtne2ps_pbh(odd, even);
+    _mm512_store_si512(values[p], _mm512_permutexvar_epi16(pairs, words));
+  }
+}
+
+// one block of 32 inputs of an 8-bit tile (16 bytes an input) as bfloat16 in B's layout, exact
+// (|value| <= 127); the row scales are applied to the sum, as tile8 does
+__attribute__((target("avx512bf16"))) inline void amx_int8_values(const int8_t* w,
+                                                                 uint16_t (*values)[2 * TILE]) {
+#pragma GCC unroll 4
+  for (int p = 0; p < GROUP / 2; ++p) {
+    __m128i a = load16(w + 2 * p * TILE), b = load16(w + (2 * p + 1) * TILE);
+    __m512 even = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(a, b)));
+    __m512 odd = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(a, b)));
+    _mm512_store_si512(values[p], (__m512i)_mm512_cvtne2ps_pbh(odd, even));
+  }
+}
+
+// one chunk of 16 rows (the last: `last` rows, tile 7) of x against the block's values (tile 4)
+// into product tile c; tile numbers are literals to the intrinsics, hence the macro
+#define WIDE_CHUNK(c)                                                  \
+  if (C > c) {                                                         \
+    const uint16_t* xc = x16 + c * AMX_ROWS * K + g * GROUP;           \
+    if (c == C - 1) {                                                  \
+      _tile_loadd(7, xc, K * 2);                                       \
+      _tile_dpbf16ps(c, 7, 4);                                         \
+    } else if (c % 2 == 0) {                                           \
+      _tile_loadd(5, xc, K * 2);                                       \
+      _tile_dpbf16ps(c, 5, 4);                                         \
+    } else {                                                           \
+      _tile_loadd(6, xc, K * 2);                                       \
+      _tile_dpbf16ps(c, 6, 4);                                         \
+    }                                                                  \
+  }
+#define WIDE_STORE(c) \
+  if (C > c) _tile_stored(c, dots[c], 64);
+
+// C chunks of rows of x (bfloat16, row stride K; the last chunk `last` rows) by one tile of a
+// `Bits`-bit weight
+template <int C, int Bits>
+__attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void tile_wide(
+    const uint16_t* x16, const uint8_t* w, int64_t K, int64_t last, uint16_t* out, int64_t N) {
+  constexpr int64_t block_bytes = Bits == 4 ? BLOCK_BYTES : GROUP * TILE;
+  const int64_t blocks = K / GROUP;
+  alignas(64) uint16_t values[2][GROUP / 2][2 * TILE];
+  alignas(64) float dots[C][AMX_ROWS][TILE];
+  _tile_zero(0);
+  if (C > 1) _tile_zero(1);
+  if (C > 2) _tile_zero(2);
+  if (C > 3) _tile_zero(3);
+  for (int64_t g = 0; g < blocks; ++g) {
+    const uint8_t* q = w + g * block_bytes;
+    for (int64_t line = 0; line < block_bytes; line += 64) prefetch(q + line);
+    if constexpr (Bits == 4)
+      amx_dequant(q, values[g & 1]);
+    else
+      amx_int8_values(reinterpret_cast<const int8_t*>(q), values[g & 1]);
+    _tile_loadd(4, values[g & 1], 64);
+    WIDE_CHUNK(0)
+    WIDE_CHUNK(1)
+    WIDE_CHUNK(2)
+    WIDE_CHUNK(3)
+  }
+  WIDE_STORE(0)
+  WIDE_STORE(1)
+  WIDE_STORE(2)
+  WIDE_STORE(3)
+  // an 8-bit weight's row scales after its values
+  const __m512 scale = Bits == 4 ? _mm512_set1_ps(1.0f)
+                                 : bf16_to_f32(reinterpret_cast<const uint16_t*>(w + K * TILE));
+  for (int c = 0; c < C; ++c)
+    for (int64_t m = 0; m < (c == C - 1 ? last : AMX_ROWS); ++m)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (c * AMX_ROWS + m) * N),
+                          f32_to_bf16(_mm512_mul_ps(_mm512_load_ps(dots[c][m]), scale)));
+}
+#undef WIDE_CHUNK
+#undef WIDE_STORE
+
+using TileWide = void (*)(const uint16_t*, const uint8_t*, int64_t, int64_t, uint16_t*, int64_t);
+constexpr TileWide TILES4_WIDE[WIDE_ROWS / AMX_ROWS] = {tile_wide<1, 4>, tile_wide<2, 4>,
+                                                       tile_wide<3, 4>, tile_wide<4, 4>};
+constexpr TileWide TILES8_WIDE[WIDE_ROWS / AMX_ROWS] = {tile_wide<1, 8>, tile_wide<2, 8>,
+                                                       tile_wide<3, 8>, tile_wide<4, 8>};
+
+__attribute__((target("amx-tile,amx-bf16"))) void wide_config(int chunks, int last) {
+  TileConfig config;
+  for (int t = 4; t < 8; ++t) config.colsb[t] = 64;
+  for (int c = 0; c < chunks; ++c) {  // a tile not used: rows and colsb 0, or ldtilecfg faults
+    config.colsb[c] = 64;
+    config.rows[c] = c == chunks - 1 ? last : AMX_ROWS;
+  }
+  config.rows[4] = GROUP / 2;
+  config.rows[5] = config.rows[6] = AMX_ROWS;
+  config.rows[7] = last;
+  asm volatile("" : : "r"(&config) : "memory");  // as amx_config's
+  _tile_loadconfig(&config);
+}
+
+at::Tensor mm_wide(const at::Tensor& x16, const at::Tensor& tiles, int64_t M, int64_t K,
+                   int64_t N, at::Tensor out, const TileWide* table) {
+  const uint16_t* xs = reinterpret_cast<const uint16_t*>(x16.data_ptr());
+  const uint8_t* w = static_cast<const uint8_t*>(tiles.data_ptr());
+  const int64_t stride = tiles.size(1);
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, N / TILE, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t m0 = 0; m0 < M; m0 += WIDE_ROWS) {
+      const int64_t rows = std::min<int64_t>(WIDE_ROWS, M - m0);
+      const int64_t chunks = (rows + AMX_ROWS - 1) / AMX_ROWS;
+      const int64_t last = rows - (chunks - 1) * AMX_ROWS;
+      wide_config(chunks, last);
+      for (int64_t t = begin; t < end; ++t)
+        table[chunks - 1](xs + m0 * K, w + t * stride, K, last, o + m0 * N + t * TILE, N);
+    }
+    amx_release();
+  });
+  return out;
+}
+
 at::Tensor int4_mm_amx(const at::Tensor& x16, const std::vector<float>& sums,
                        const at::Tensor& tiles, int64_t M, int64_t K, int64_t N, at::Tensor out) {
   const uint16_t* xs = reinterpret_cast<const uint16_t*>(x16.data_ptr());
@@ -274,6 +426,8 @@ at::Tensor product(const char* op, const at::Tensor& x_in, const at::Tensor& til
     for (int64_t k = 0; k < GROUP; ++k) s += x[i * GROUP + k];  // row i / blocks, block i % blocks
     sums[i] = s;
   }
+  if (use_amx && M >= (sums_needed ? WIDE_FROM : WIDE8_FROM))
+    return mm_wide(x16, tiles, M, K, N, out, sums_needed ? TILES4_WIDE : TILES8_WIDE);
   if (sums_needed && use_amx && M >= AMX_FROM) return int4_mm_amx(x16, sums, tiles, M, K, N, out);
   const T* w = static_cast<const T*>(tiles.data_ptr());
   const int64_t stride = tiles.size(1);

@@ -28,7 +28,7 @@ def _blocks(n: int, k: int, seed: int = 0) -> weights.Int4Blocks:
     return weights.quantize(torch.randn(n, k) * 0.05)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 11, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 11, 16, 17, 40, 64, 70])
 def test_the_product_is_the_blocks_within_bfloat16_rounding(rows):
     blocks = _blocks(96, 128)
     x = torch.randn(rows, 128).to(torch.bfloat16)
@@ -37,6 +37,14 @@ def test_the_product_is_the_blocks_within_bfloat16_rounding(rows):
     # the kernel reads scales and zeros in bfloat16, as torch's packing holds them
     exact = weights.Int4Blocks(blocks.q, blocks.scale.to(torch.bfloat16).float(),
                                blocks.zero.to(torch.bfloat16).float())
+    if rows >= 16 and quantized._STATE["amx"]:
+        # the wide AMX kernel dequantizes each block to bfloat16 first, as the oneDNN path's
+        # weight is (products.py), and is that product within rounding
+        values = exact.dequantize(torch.bfloat16)
+        torch.testing.assert_close(got.float(), x.float() @ values.float().t(), atol=2e-3,
+                                   rtol=8e-3)
+        torch.testing.assert_close(got, x @ values.t(), atol=4e-3, rtol=1.6e-2)
+        return
     want = x.float() @ exact.dequantize().t()
     torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=8e-3)
     torch_kernel = quantized.mm(x, blocks.packed())
@@ -51,7 +59,7 @@ def _int8(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, scale.to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17, 64, 70])
 def test_the_8bit_product_is_the_weights_within_bfloat16_rounding(rows):
     values, scales = _int8(80, 96)
     x = torch.randn(rows, 96).to(torch.bfloat16)
@@ -66,14 +74,16 @@ def test_the_8bit_product_is_the_weights_within_bfloat16_rounding(rows):
 
 
 def test_a_rows_bits_are_the_same_in_any_batch():
-    """On one path: the int4 kernel's 1-3 rows, and 4 and more (AMX where the CPU has it, a
-    tile product's sum in another order); the 8-bit kernel at every row count."""
+    """On one path: the int4 kernel's 1-3 rows, 4-15 and 16-64 (on AMX, where the CPU has it,
+    a tile product's sum in another order, and from 16 each block's values dequantized before
+    it); the 8-bit kernel's 1-3 rows and 4-64 (on AMX)."""
     x = torch.randn(19, 96).to(torch.bfloat16)
     int4_forms = quantized.int4_forms(_blocks(64, 96, seed=1))
     int8_forms = quantized.int8_forms(*_int8(64, 96))
-    for forms, counts in ((int4_forms, (1, 2)), (int4_forms, (4, 8, 9, 16)),
-                          (int8_forms, (1, 4, 8, 9, 16))):
-        whole = quantized.mm(x[:3] if counts[0] == 1 and forms is int4_forms else x, forms)
+    for forms, counts, whole_rows in ((int4_forms, (1, 2), 3), (int4_forms, (4, 8, 9), 15),
+                                      (int4_forms, (16, 17), 19), (int8_forms, (1, 2), 3),
+                                      (int8_forms, (4, 8, 9, 16), 19)):
+        whole = quantized.mm(x[:whole_rows], forms)
         for rows in counts:
             assert torch.equal(quantized.mm(x[:rows], forms), whole[:rows])
     torch.testing.assert_close(quantized.mm(x[:1], int4_forms), quantized.mm(x, int4_forms)[:1],

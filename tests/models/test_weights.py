@@ -88,8 +88,12 @@ def test_int4_products_are_the_blocks_values_and_rows_do_not_interact():
             want = torch.cat([x[:rows].float() @ b.t() for b in blocks], -1)
             torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0.01)
         few = Product(gate, up)(x[:widest])
-        for rows in range(4, widest):  # a row is a row of several (on one path: test_quantized)
-            assert torch.equal(Product(gate, up)(x[:rows]), few[:rows])
+        # a row is a row of several on one path (test_quantized): on AMX 4-15 rows and 16-widest
+        wide = quantized.AMX_WIDE_FROM if quantized._STATE["amx"] else widest
+        for first, last in ((4, min(wide, widest) - 1), (wide, widest)):
+            whole = Product(gate, up)(x[:last])
+            for rows in range(first, last):
+                assert torch.equal(Product(gate, up)(x[:rows]), whole[:rows])
         # up to widest it is the int4 kernel over the stacked blocks, not a bfloat16 product
         stacked = quantized.int4_forms(
             weights.stack_blocks([weights.blocks_of(m) for m in (gate, up)]))
