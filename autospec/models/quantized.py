@@ -53,6 +53,7 @@ log = logging.getLogger("autospec.quantized")
 TILE = 16  # outputs a tile: one AVX-512 register of float32
 BLOCK_BYTES = GROUP // 2 * TILE + 2 * TILE * 2  # a tile's 32 inputs: values, scales, zeros
 _SOURCE = Path(__file__).with_name("quantized.cpp")
+_ATTENTION = Path(__file__).with_name("attention.cpp")  # built into the same library
 _FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
 _STATE: dict[str, object] = {}  # "ok": True / False once tried; "why": the reason it is off
 
@@ -68,7 +69,8 @@ def available() -> bool:
             text = str(exc).strip().splitlines()
             _STATE["why"] = f"{type(exc).__name__}: {text[-1] if text else ''}"[:200]
             _STATE["ok"] = False
-            log.warning("autospec's int4 and int8 kernels are off (%s): torch's run instead",
+            log.warning("autospec's int4, 8-bit and attention kernels are off (%s): torch's "
+                        "run instead",
                         _STATE["why"])
     return bool(_STATE["ok"])
 
@@ -89,6 +91,12 @@ AMX_WIDE_FROM = 16
 # torch's: the int4 kernel reads a weight once per 4 rows; the 8-bit one is slower than oneDNN
 # in bfloat16 from 2 rows (SmolLM2's head, ms, 8-bit / oneDNN: 1 row 2.1 / 4.9, 3 rows 3.9 / 4.7)
 TORCH_WIDEST = {4: 4, 8: 1}
+
+
+def amx() -> bool:
+    """Whether this process runs the kernels' AMX paths (the CPU has AMX, Linux granted its
+    tile registers): the wide products and autospec::rows_attention (models/attention.py)."""
+    return available() and bool(_STATE["amx"])
 
 
 @functools.cache  # read by every quantized product: the process's kernels do not change
@@ -179,17 +187,18 @@ def _load() -> None:
     if missing:
         raise RuntimeError(f"this CPU lacks {', '.join(missing)}")
     from torch.utils import cpp_extension
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(repr((torch.__version__, source)).encode()).hexdigest()[:16]
+    sources = [_SOURCE, _ATTENTION]
+    key = hashlib.sha256(repr((torch.__version__, *(f.read_bytes() for f in sources))).encode()
+                         ).hexdigest()[:16]
     name = f"autospec_quantized_{key}"
     where = paths.compile_cache_dir() / "quantized" / key
     where.mkdir(parents=True, exist_ok=True)
     built = (where / f"{name}.so").is_file()
     if not built:
-        print(f"building autospec's int4 and int8 kernels (once; kept in {where}) ...",
+        print(f"building autospec's int4, 8-bit and attention kernels (once; kept in {where}) ...",
               file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    cpp_extension.load(name=name, sources=[str(_SOURCE)], build_directory=str(where),
+    cpp_extension.load(name=name, sources=[str(f) for f in sources], build_directory=str(where),
                        extra_cflags=["-O3", "-fopenmp", *(f"-m{f}" for f in _FLAGS)],
                        is_python_module=False, verbose=False)
     # its C entry points visible to the libraries AOTInductor compiles (`C_SHIMS`)
@@ -203,3 +212,5 @@ def _load() -> None:
     for op in ("int4_mm", "int8_mm"):
         torch.library.register_fake(f"autospec::{op}")(
             lambda x, tiles, n: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("autospec::rows_attention")(
+        lambda q, k, v, seen, scale: q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3])))

@@ -1,9 +1,11 @@
 """RowCache's packed forward: rows of unequal widths computed as their real tokens only, with
 the logits of the padded forward."""
+import pytest
 import torch
 
 from autospec.engine.loop import Engine
 from autospec.models.attention import ROWS_ATTENTION, Packing, pack_rows, packs
+from autospec.models import quantized
 from autospec.models.kv import RowCache, cache_kwarg
 from conftest import assert_lossless, random_llama
 
@@ -105,6 +107,45 @@ def test_grouped_attention_is_sdpas_with_shared_kv_heads_and_the_rows_mask():
     last = slice(1, 2)  # its last query sees every position it holds: no mask needed
     out = grouped_attention(query[last, :, -1:], key[last, :, :40], value[last, :, :40], None, 0.3)
     torch.testing.assert_close(out, expected[last, -1:])
+
+
+@pytest.mark.skipif(not quantized.amx(), reason="no AMX here: rows attend by sdpa")
+@pytest.mark.parametrize("width,span", [(1, 5), (1, 16), (1, 300), (2, 33), (5, 301)])
+def test_the_rows_kernel_is_sdpas_attention_within_bfloat16_rounding(width, span):
+    """A batch's rows in bfloat16 on AMX attend by autospec::rows_attention (rows_kernel): sdpa's
+    outputs under the rows' additive or boolean mask to bfloat16's rounding, each row at its
+    own length (one seeing its whole span), spans not a multiple of 16 or 32 included, and the
+    cache a view of a wider store, as RowCache hands it."""
+    from autospec.models.attention import grouped_attention, rows_kernel, sdpa_grouped
+
+    gen = torch.Generator().manual_seed(width * 1000 + span)
+    n, heads, kv_heads, dim = 6, 9, 3, 64
+    query = torch.randn(n, heads, width, dim, generator=gen).to(torch.bfloat16)
+    store = [torch.randn(n, kv_heads, span + 20, dim, generator=gen).to(torch.bfloat16)
+             for _ in range(2)]
+    key, value = (t[:, :, :span] for t in store)
+    lengths = torch.randint(0, span - width + 1, (n,), generator=gen)
+    lengths[0] = span - width
+    allowed = torch.arange(span)[None, None, :] <= (lengths[:, None, None]
+                                                    + torch.arange(width)[None, :, None])
+    additive = torch.zeros(allowed.shape, dtype=torch.bfloat16).masked_fill_(
+        ~allowed, torch.finfo(torch.bfloat16).min)[:, None]
+    expected = sdpa_grouped(query, key, value, additive, 0.125)
+    for mask in (additive, allowed[:, None]):
+        got = rows_kernel(query, key, value, mask, 0.125)
+        assert got.shape == expected.shape == (n, width, heads, dim)
+        torch.testing.assert_close(got.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+    assert torch.equal(grouped_attention(query, key, value, additive, 0.125),
+                       rows_kernel(query, key, value, additive, 0.125))
+
+
+def test_the_rows_kernel_refuses_what_it_does_not_attend():
+    if not quantized.available():
+        pytest.skip("kernels not built here")
+    q = torch.zeros(2, 9, 6, 64, dtype=torch.bfloat16)  # 3 query heads x 6 positions > 16
+    kv = torch.zeros(2, 3, 10, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="H / H_kv x T <= 16"):
+        torch.ops.autospec.rows_attention(q, kv, kv, torch.ones(2, 6, dtype=torch.int32), 0.1)
 
 
 def test_one_rows_bind_gives_the_rows_positions_and_mask():
