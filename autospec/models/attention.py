@@ -55,7 +55,9 @@ class Packing:
     inner_tokens: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, counts: list[int], device) -> "Packing":
+    def of(cls, counts: list[int], device, one_pass: int = 0) -> "Packing":
+        """Where `counts` tokens a row sit; rows at most `one_pass` wide attend padded, in one
+        pass (`one_pass_width`), whatever `two_passes` says."""
         n, width = len(counts), max(counts)
         flat = torch.tensor([i * width + t for i, c in enumerate(counts) for t in range(c)],
                             device=device)
@@ -68,7 +70,7 @@ class Packing:
             return cls(flat, n, width, solo=solo, inner=cls.of(inner, device),
                        inner_tokens=torch.tensor(tokens, device=device))
         wide = [i for i, c in enumerate(counts) if c > 1]
-        if not two_passes(n, len(wide), width):
+        if width <= one_pass or not two_passes(n, len(wide), width):
             return cls(flat, n, width)
         rest = [offsets[i] + t for i in wide for t in range(1, counts[i])]
         rest_at = [j * (width - 1) + t - 1 for j, i in enumerate(wide) for t in range(1, counts[i])]
@@ -145,6 +147,23 @@ def _packed_attention(packed: Packing, module, tokens, key, value, attention_mas
     return out
 
 
+def one_pass_width(model) -> int:
+    """The widest rows of `model` that attend padded, in one pass, whatever `two_passes` says:
+    where its rows run autospec's kernel (`rows_kernel`), as wide as a key/value head's queries
+    fill one pass of it (SmolLM2: 5), since a pass reads each row's K and V once whatever its
+    queries and the second pass of `two_passes` reads the wide rows' again (16 SmolLM2 rows,
+    one or two of them 5 wide, ms: 35.5 / 36-39 padded against 38-39 / 39-40); else 0."""
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not heads or next(model.parameters()).dtype != torch.bfloat16:
+        return 0
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if dim != KERNEL_DIM or heads % kv_heads or not quantized.amx():
+        return 0
+    return ONE_PASS // (heads // kv_heads)
+
+
 def two_passes(rows: int, wide: int, width: int) -> bool:
     """Whether a packed step's attention goes in two passes (every row's first token, then the
     wide rows' others over their own K and V, gathered) rather than one over every row padded
@@ -168,13 +187,15 @@ GROUPED_MAX_WIDTH = 64
 # attention arguments grouped_attention does not implement: the model attends by sdpa then
 UNGROUPED = ("sliding_window", "softcap", "s_aux")
 # the rows that autospec::rows_attention attends (rows_kernel): head dims, and a key/value
-# head's queries (its query heads x the row's positions) in one tile. 16 SmolLM2 rows (9 query
-# heads over 3) over 300 / 600 cached positions, 2 threads, us a layer, torch's sdpa with the
-# batch's mask / the kernel: T = 1 231 / 131, 473 / 246; T = 2 251 / 145, 467 / 243; T = 5
-# 287 / 159, 520 / 282 (sdpa 1.5-2.6x that in other runs: the caches read at 9-14 GB/s); a
-# 16-row SmolLM2 step at int4 over the chat prompts, ms: 16 tokens 37-39 / 29, 32 tokens 42-44
-# / 34-35, 64 tokens 56-58 / 48-49
-KERNEL_DIM, KERNEL_QUERIES = 64, 16
+# head's queries (its query heads x the row's positions; 16 a pass over its K and V, the later
+# passes from the cache). 16 SmolLM2 rows (9 query heads over 3) over 300 / 600 cached
+# positions, 2 threads, us a layer, torch's sdpa with the batch's mask / the kernel: T = 1
+# 231 / 131, 473 / 246; T = 2 251 / 145, 467 / 243; T = 5 287 / 159, 520 / 282 (sdpa 1.5-2.6x
+# that in other runs: the caches read at 9-14 GB/s); over 400: T = 6 479 / 346, T = 9 589 / 385,
+# T = 17 967 / 656. A 16-row SmolLM2 step at int4 over the chat prompts, ms: 16 tokens 37-39 /
+# 29, 32 tokens 42-44 / 34-35, 64 tokens 56-58 / 48-49
+KERNEL_DIM, KERNEL_QUERIES = 64, 64
+ONE_PASS = 16  # a key/value head's queries the kernel attends in one pass (attention.cpp LANES)
 
 
 def grouped_attention(query, key, value, mask, scaling: float | None) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from autospec.models.attention import interface_packing, packs
+from autospec.models.attention import interface_packing, one_pass_width, packs
 from autospec.models.forward import fits, llama_forward
 from autospec.models.plan import ForwardBatch, fill, place, plan
 
@@ -151,6 +151,8 @@ class RowCache(Cache):
                                  for _ in range(layers)])
         self.max_batch, self.max_len = max_batch, max_len
         self.device, self.dtype = param.device, param.dtype
+        # rows up to this wide attend padded in one pass (attention.py one_pass_width)
+        self.one_pass = one_pass_width(model) if max_batch > 1 else 0
         self.lengths = [0] * max_batch  # tokens cached per slot
         self.free = list(range(max_batch))  # free slots, lowest first
         # the forward in progress, for the layers' update as transformers' Cache interface
@@ -234,7 +236,8 @@ class RowCache(Cache):
         self.bind(slots, [len(ids) for ids in inputs], position_limit)
         try:
             batch = self.bound = plan(self.bound, inputs, scored, last, logits_to_keep,
-                                      lambda: packs(model), keeps_logits(type(model)))
+                                      lambda: packs(model), keeps_logits(type(model)),
+                                      self.one_pass)
             logits = cached_forward(model, kwarg, self, batch)
             if self.hidden is not None:
                 logits, hidden = logits

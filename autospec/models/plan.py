@@ -129,7 +129,7 @@ def _place_one(slot: int, start: int, count: int, position_limit: int, dtype: to
 
 def plan(placed: ForwardBatch, inputs: Sequence[list[int]], scored: Sequence[int] | None,
          last: int | None, keep: torch.Tensor | None, packs: Callable[[], bool],
-         keeps_logits: bool) -> ForwardBatch:
+         keeps_logits: bool, one_pass: int = 0) -> ForwardBatch:
     """The forward of the rows' token lists `inputs` over rows `placed`. `scored`: per row, how
     many of its last positions the caller reads (None: all; 0 for a prompt chunk, 1 + k for a
     verify after the rest of a prompt: Engine.step_batch); `last`: the head over the last
@@ -137,7 +137,8 @@ def plan(placed: ForwardBatch, inputs: Sequence[list[int]], scored: Sequence[int
     as much as several decode steps); `keep`: the caller's positions for the head
     (logits_to_keep); `packs`: whether the model's attention unpacks rows (rows_attention),
     asked only where the rows would pack (transformers' config takes ~3 us to read it, a
-    third of planning a plain step); `keeps_logits`: its forward takes logits_to_keep."""
+    third of planning a plain step); `keeps_logits`: its forward takes logits_to_keep;
+    `one_pass`: rows up to this wide attend padded (attention.py `one_pass_width`)."""
     counts = [len(ids) for ids in inputs]
     width = max(counts)
     scored = counts if scored is None else list(scored)
@@ -154,7 +155,7 @@ def plan(placed: ForwardBatch, inputs: Sequence[list[int]], scored: Sequence[int
                        input_ids=torch.tensor([ids + [0] * (width - len(ids)) for ids in inputs],
                                               device=device),
                        logits_to_keep=keep if keep is not None else last if keeps_logits else None)
-    packing = Packing.of(counts, device)
+    packing = Packing.of(counts, device, one_pass)
     ids = torch.tensor([[t for row in inputs for t in row]], device=device)
     positions = (placed.position_ids if placed.valid is None  # one row: already (1, N)
                  else placed.position_ids[placed.valid][None])

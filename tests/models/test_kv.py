@@ -46,6 +46,7 @@ def test_packed_rows_give_the_padded_forwards_logits_from_their_real_tokens_only
     assert Packing.of([3, 1, 5, 2], "cpu").wide is None
     assert Packing.of([1, 11, 1, 1], "cpu").wide.tolist() == [1]
     assert Packing.of([1, 2, 1, 1], "cpu").wide is None  # saves 3 positions
+    assert Packing.of([1, 11, 1, 1], "cpu", one_pass=11).wide is None  # the kernel's one pass
     padded, padded_inputs = _rows(model, packed=False)
     packed, packed_inputs = _rows(model, packed=True)
     assert padded_inputs == [(4, 5), (4, 11)]
@@ -110,7 +111,8 @@ def test_grouped_attention_is_sdpas_with_shared_kv_heads_and_the_rows_mask():
 
 
 @pytest.mark.skipif(not quantized.amx(), reason="no AMX here: rows attend by sdpa")
-@pytest.mark.parametrize("width,span", [(1, 5), (1, 16), (1, 300), (2, 33), (5, 301)])
+@pytest.mark.parametrize("width,span", [(1, 5), (1, 16), (1, 300), (2, 33), (5, 301), (6, 40),
+                                        (17, 200)])
 def test_the_rows_kernel_is_sdpas_attention_within_bfloat16_rounding(width, span):
     """A batch's rows in bfloat16 on AMX attend by autospec::rows_attention (rows_kernel): sdpa's
     outputs under the rows' additive or boolean mask to bfloat16's rounding, each row at its
@@ -139,12 +141,34 @@ def test_the_rows_kernel_is_sdpas_attention_within_bfloat16_rounding(width, span
                        rows_kernel(query, key, value, additive, 0.125))
 
 
+def test_rows_attend_padded_as_wide_as_one_pass_of_the_kernel():
+    """A batch's rows of a model whose rows run the kernel attend padded up to a key/value
+    head's queries in one pass (9 query heads over 3: 5 wide); a float32 model's, a model of
+    other head dims, and one row's cache by the two_passes rule alone."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from autospec.models.attention import one_pass_width
+
+    def llama(heads: int, kv_heads: int, dim: int, dtype):
+        cfg = LlamaConfig(vocab_size=32, hidden_size=heads * dim, intermediate_size=32,
+                          num_hidden_layers=1, num_attention_heads=heads,
+                          num_key_value_heads=kv_heads, max_position_embeddings=64)
+        return LlamaForCausalLM(cfg).to(dtype).eval()
+
+    smol = llama(9, 3, 64, torch.bfloat16)
+    assert one_pass_width(smol) == (5 if quantized.amx() else 0)
+    assert RowCache(smol, 4, 64).one_pass == one_pass_width(smol)
+    assert RowCache(smol, 1, 64).one_pass == 0
+    assert one_pass_width(llama(9, 3, 64, torch.float32)) == 0
+    assert one_pass_width(llama(4, 2, 32, torch.bfloat16)) == 0
+
+
 def test_the_rows_kernel_refuses_what_it_does_not_attend():
     if not quantized.available():
         pytest.skip("kernels not built here")
-    q = torch.zeros(2, 9, 6, 64, dtype=torch.bfloat16)  # 3 query heads x 6 positions > 16
-    kv = torch.zeros(2, 3, 10, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="H / H_kv x T <= 16"):
+    q = torch.zeros(2, 9, 6, 32, dtype=torch.bfloat16)  # head dims 32, not 64
+    kv = torch.zeros(2, 3, 10, 32, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"q \(n, H, T, 64\)"):
         torch.ops.autospec.rows_attention(q, kv, kv, torch.ones(2, 6, dtype=torch.int32), 0.1)
 
 
