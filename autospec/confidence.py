@@ -16,8 +16,8 @@ calibration over every workload (`parent`, the same formula at alpha_j): the map
 the drafter's, and a workload's bins alone learn it slowly (`python -m
 autospec.bench.calibration_check configs/traces/heldout.json`: the draft model's and the
 early exit's mean |predicted - observed| 0.051 / 0.055 with each of the three workloads
-learning alone, 0.047 / 0.040 with the parent; on SmolLM2's chat trace 0.066 / 0.083 and
-0.021 / 0.032, the feature head 0.068 and 0.030).
+learning alone, 0.047 / 0.040 with the parent; on SmolLM2's chat trace as recorded at c7b5f61
+0.066 / 0.083 and 0.021 / 0.032, the feature head 0.068 and 0.030).
 Before a bin has evidence anywhere p is alpha_j, so a new drafter — or one that returns no
 confidences — decides exactly as the per-position means do; the bins' own rates take over as
 tokens are verified.
