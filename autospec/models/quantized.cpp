@@ -223,7 +223,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_config(int rows) {
 
 __attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
 
-// More than AMX_ROWS rows (up to WIDE_ROWS a pass): each block's values dequantized to bfloat16
+// From WIDE_FROM rows (up to WIDE_ROWS a pass): each block's values dequantized to bfloat16
 // once, its scale and zero folded in ((q - 8) scale + zero in float32, rounded to nearest even:
 // the values products.py's oneDNN path reads, but for the scales' bfloat16), so the tile
 // products accumulate over every block and are stored once a tile — no per-block store and
