@@ -147,21 +147,16 @@ def _packed_attention(packed: Packing, module, tokens, key, value, attention_mas
     return out
 
 
-def one_pass_width(model) -> int:
-    """The widest rows of `model` that attend padded, in one pass, whatever `two_passes` says:
-    where its rows run autospec's kernel (`rows_kernel`), as wide as a key/value head's queries
-    fill one pass of it (SmolLM2: 5), since a pass reads each row's K and V once whatever its
-    queries and the second pass of `two_passes` reads the wide rows' again (16 SmolLM2 rows,
-    one or two of them 5 wide, ms: 35.5 / 36-39 padded against 38-39 / 39-40); else 0."""
-    config = getattr(model, "config", None)
-    heads = getattr(config, "num_attention_heads", None)
-    if not heads or next(model.parameters()).dtype != torch.bfloat16:
+def one_pass_width(group: int, head_dim: int, dtype: torch.dtype) -> int:
+    """The widest rows of a model (`group` query heads a key/value head, `head_dim`, `dtype`)
+    that attend padded, in one pass, whatever `two_passes` says: where its rows run autospec's
+    kernel (`rows_kernel`), as wide as a key/value head's queries fill one pass of it (SmolLM2:
+    5), since a pass reads each row's K and V once whatever its queries and the second pass of
+    `two_passes` reads the wide rows' again (16 SmolLM2 rows, one or two of them 5 wide, ms:
+    35.5 / 36-39 padded against 38-39 / 39-40); else 0."""
+    if dtype != torch.bfloat16 or head_dim != KERNEL_DIM or not quantized.amx():
         return 0
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    if dim != KERNEL_DIM or heads % kv_heads or not quantized.amx():
-        return 0
-    return ONE_PASS // (heads // kv_heads)
+    return ONE_PASS // group
 
 
 def two_passes(rows: int, wide: int, width: int) -> bool:

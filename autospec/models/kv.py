@@ -152,7 +152,8 @@ class RowCache(Cache):
         self.max_batch, self.max_len = max_batch, max_len
         self.device, self.dtype = param.device, param.dtype
         # rows up to this wide attend padded in one pass (attention.py one_pass_width)
-        self.one_pass = one_pass_width(model) if max_batch > 1 else 0
+        group = model.config.num_attention_heads // kv_heads
+        self.one_pass = one_pass_width(group, head_dim, param.dtype) if max_batch > 1 else 0
         self.lengths = [0] * max_batch  # tokens cached per slot
         self.free = list(range(max_batch))  # free slots, lowest first
         # the forward in progress, for the layers' update as transformers' Cache interface

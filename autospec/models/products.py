@@ -46,7 +46,6 @@ class Product:
                                                  "none", [], "")
         return out.view(*x.shape[:-1], out.shape[-1])
 
-
     def quantized(self, dtype: torch.dtype, rows: int) -> tuple[torch.Tensor, ...] | None:
         """The weight in a quantized kernel's forms where a product of `rows` rows of `dtype` runs
         that kernel (an 8-bit head, or 4-bit blocks, at bfloat16, up to `quantized.widest`

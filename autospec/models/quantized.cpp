@@ -230,11 +230,12 @@ __attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
 // scale for every 16 rows, which made two passes of 16 cost 1.5x one
 constexpr int64_t WIDE_ROWS = 64;
 // from this many rows the wide kernel is faster (SmolLM2's 30 layers, streamed, 2 threads, ms,
-// wide / tile4_amx: 4 rows 6.0 / 5.2, 12 7.1 / 6.7, 16 7.6 / 8.3, 17 7.7 / 12.8, 24 8.8 / 14.0,
-// 32 10.2 / 16.2, 64 18.2 / 30.3; oneDNN in bfloat16 16 13.1, 32 14.7, 48 15.5, 64 17.0)
-constexpr int64_t WIDE_FROM = 16;
+// wide / tile4_amx: 4 rows 5.4 / 4.8, 8 5.3 / 5.1, 9 5.5 / 5.3, 10 5.6 / 5.7, 11 5.4 / 5.9,
+// 12 5.5 / 6.1; 16 5.6, 17 5.4, 24 5.5, 32 6.8, 64 9.6, where two passes of tile4_amx took 12.8
+// at 17 and oneDNN in bfloat16 13.1 at 16, 17.0 at 64)
+constexpr int64_t WIDE_FROM = 10;
 // and for an 8-bit weight (its values exact in bfloat16; SmolLM2's head streamed, 2 threads, ms,
-// wide / tile8: 2 rows 0.90 / 0.76, 4 0.99 / 1.05, 8 1.21 / 1.80; 16 1.36, 32 1.63, 64 2.34,
+// wide / tile8: 2 rows 0.90 / 0.76, 4 0.95-0.99 / 1.05, 8 1.17-1.21 / 1.80; 16 1.4-1.5, 64 2.3-2.5,
 // where oneDNN in bfloat16 took 2.8 at 16)
 constexpr int64_t WIDE8_FROM = 4;
 
@@ -413,6 +414,9 @@ at::Tensor product(const char* op, const at::Tensor& x_in, const at::Tensor& til
   at::Tensor x16 = x_in.contiguous();
   at::Tensor out = at::empty({M, N}, x_in.options());
   if (M == 0) return out;
+  // the wide path reads x as it is (bfloat16): nothing below is its
+  if (use_amx && M >= (sums_needed ? WIDE_FROM : WIDE8_FROM))
+    return mm_wide(x16, tiles, M, K, N, out, sums_needed ? TILES4_WIDE : TILES8_WIDE);
   // x in float32, and its sum over each block of GROUP inputs (a 4-bit weight's zeros' term)
   const int64_t blocks = K / GROUP;
   std::vector<float> x(M * K), sums(sums_needed ? M * blocks : 0);
@@ -426,8 +430,6 @@ at::Tensor product(const char* op, const at::Tensor& x_in, const at::Tensor& til
     for (int64_t k = 0; k < GROUP; ++k) s += x[i * GROUP + k];  // row i / blocks, block i % blocks
     sums[i] = s;
   }
-  if (use_amx && M >= (sums_needed ? WIDE_FROM : WIDE8_FROM))
-    return mm_wide(x16, tiles, M, K, N, out, sums_needed ? TILES4_WIDE : TILES8_WIDE);
   if (sums_needed && use_amx && M >= AMX_FROM) return int4_mm_amx(x16, sums, tiles, M, K, N, out);
   const T* w = static_cast<const T*>(tiles.data_ptr());
   const int64_t stride = tiles.size(1);

@@ -147,8 +147,6 @@ def test_rows_attend_padded_as_wide_as_one_pass_of_the_kernel():
     other head dims, and one row's cache by the two_passes rule alone."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from autospec.models.attention import one_pass_width
-
     def llama(heads: int, kv_heads: int, dim: int, dtype):
         cfg = LlamaConfig(vocab_size=32, hidden_size=heads * dim, intermediate_size=32,
                           num_hidden_layers=1, num_attention_heads=heads,
@@ -156,11 +154,10 @@ def test_rows_attend_padded_as_wide_as_one_pass_of_the_kernel():
         return LlamaForCausalLM(cfg).to(dtype).eval()
 
     smol = llama(9, 3, 64, torch.bfloat16)
-    assert one_pass_width(smol) == (5 if quantized.amx() else 0)
-    assert RowCache(smol, 4, 64).one_pass == one_pass_width(smol)
+    assert RowCache(smol, 4, 64).one_pass == (5 if quantized.amx() else 0)
     assert RowCache(smol, 1, 64).one_pass == 0
-    assert one_pass_width(llama(9, 3, 64, torch.float32)) == 0
-    assert one_pass_width(llama(4, 2, 32, torch.bfloat16)) == 0
+    assert RowCache(llama(9, 3, 64, torch.float32), 4, 64).one_pass == 0
+    assert RowCache(llama(4, 2, 32, torch.bfloat16), 4, 64).one_pass == 0
 
 
 def test_the_rows_kernel_refuses_what_it_does_not_attend():

@@ -28,7 +28,7 @@ def _blocks(n: int, k: int, seed: int = 0) -> weights.Int4Blocks:
     return weights.quantize(torch.randn(n, k) * 0.05)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 11, 16, 17, 40, 64, 70])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 10, 11, 16, 17, 40, 64, 70])
 def test_the_product_is_the_blocks_within_bfloat16_rounding(rows):
     blocks = _blocks(96, 128)
     x = torch.randn(rows, 128).to(torch.bfloat16)
@@ -37,7 +37,7 @@ def test_the_product_is_the_blocks_within_bfloat16_rounding(rows):
     # the kernel reads scales and zeros in bfloat16, as torch's packing holds them
     exact = weights.Int4Blocks(blocks.q, blocks.scale.to(torch.bfloat16).float(),
                                blocks.zero.to(torch.bfloat16).float())
-    if rows >= 16 and quantized._STATE["amx"]:
+    if rows >= quantized.AMX_WIDE_FROM and quantized._STATE["amx"]:
         # the wide AMX kernel dequantizes each block to bfloat16 first, as the oneDNN path's
         # weight is (products.py), and is that product within rounding
         values = exact.dequantize(torch.bfloat16)
@@ -74,14 +74,14 @@ def test_the_8bit_product_is_the_weights_within_bfloat16_rounding(rows):
 
 
 def test_a_rows_bits_are_the_same_in_any_batch():
-    """On one path: the int4 kernel's 1-3 rows, 4-15 and 16-64 (on AMX, where the CPU has it,
-    a tile product's sum in another order, and from 16 each block's values dequantized before
+    """On one path: the int4 kernel's 1-3 rows, 4-9 and 10-64 (on AMX, where the CPU has it,
+    a tile product's sum in another order, and from 10 each block's values dequantized before
     it); the 8-bit kernel's 1-3 rows and 4-64 (on AMX)."""
     x = torch.randn(19, 96).to(torch.bfloat16)
     int4_forms = quantized.int4_forms(_blocks(64, 96, seed=1))
     int8_forms = quantized.int8_forms(*_int8(64, 96))
-    for forms, counts, whole_rows in ((int4_forms, (1, 2), 3), (int4_forms, (4, 8, 9), 15),
-                                      (int4_forms, (16, 17), 19), (int8_forms, (1, 2), 3),
+    for forms, counts, whole_rows in ((int4_forms, (1, 2), 3), (int4_forms, (4, 8), 9),
+                                      (int4_forms, (10, 16, 17), 19), (int8_forms, (1, 2), 3),
                                       (int8_forms, (4, 8, 9, 16), 19)):
         whole = quantized.mm(x[:whole_rows], forms)
         for rows in counts:
