@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
@@ -275,6 +276,19 @@ at::Tensor rows_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 
 }  // namespace
+
+// the op as a library AOTInductor compiled calls it (models/compiled.py's one-row forward,
+// quantized.py `C_SHIMS`): directly, not boxed through the dispatcher
+extern "C" AOTITorchError aoti_torch_cpu_rows_attention(AtenTensorHandle q, AtenTensorHandle k,
+                                                        AtenTensorHandle v, AtenTensorHandle seen,
+                                                        double scale, AtenTensorHandle* out) {
+  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    *out = torch::aot_inductor::new_tensor_handle(rows_attention(
+        *tensor_handle_to_tensor_pointer(q), *tensor_handle_to_tensor_pointer(k),
+        *tensor_handle_to_tensor_pointer(v), *tensor_handle_to_tensor_pointer(seen), scale));
+  });
+}
 
 TORCH_LIBRARY_FRAGMENT(autospec, m) {
   m.def("rows_attention(Tensor q, Tensor k, Tensor v, Tensor seen, float scale) -> Tensor");

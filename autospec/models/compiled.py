@@ -11,7 +11,9 @@ weights and cache inputs, called once per layer: a call costs a few microseconds
 library of one layer compiles in a fifth of the time of SmolLM2's thirty (12 against 55-75 s
 a bucket on a busy 2-core machine), the same library serving every layer (and an early exit
 over them). The embedding, the final norm and the head stay forward.py's, so what the caller
-scores is unchanged.
+scores is unchanged. In bfloat16 with head dim 64 on AMX the layer attends by autospec's own
+kernel (models/attention.py's rows_kernel, called through its C entry point), elsewhere by
+sdpa (`OneRowGraph.kernel`).
 
 Why ahead of time: torch.compile's just-in-time graphs measured slower here — each call paid
 dynamo's guards over every weight (~0.3 ms a call) and Python between the kernels; a loaded
@@ -98,6 +100,7 @@ class OneRowGraph:
     def __init__(self, plan, name: str):
         self.name, self.eps, self.inv_freq = name, plan.eps, plan.rotary.inv_freq
         self.kv_heads, self.head_dim = plan.layers[0].kv_heads, plan.layers[0].head_dim
+        self.group = plan.layers[0].heads // self.kv_heads
         self.int4 = plan.layers[0].qkv.weights.int4
         self.hidden = plan.embed.weight.shape[1]
         self.weights = [_layer_weights(layer) for layer in plan.layers]
@@ -106,6 +109,15 @@ class OneRowGraph:
     def takes(self, width: int) -> bool:
         """Whether a one-row forward of `width` tokens runs compiled (`bucket`)."""
         return bucket(width, self.int4) is not None and not _FAILED
+
+    def kernel(self, dtype: torch.dtype) -> bool:
+        """Whether the layer attends by autospec::rows_attention (models/attention.py's
+        rows_kernel: bfloat16, head dim 64, every verify's queries in one kernel pass, AMX)
+        rather than sdpa: one row over 200-400 positions, SmolLM2's heads, us a layer (sdpa /
+        kernel): 1 token 17-23 / 11-14, 3 tokens 22-29 / 11-15, 9 tokens 34-43 / 19-26."""
+        from autospec.models.attention import KERNEL_DIM, KERNEL_QUERIES
+        return (dtype == torch.bfloat16 and self.head_dim == KERNEL_DIM
+                and self.group * widest(self.int4) <= KERNEL_QUERIES and quantized.amx())
 
     def prepare(self, dtype: torch.dtype) -> None:
         """Every bucket's library loaded (compiled first where none is kept)."""
@@ -132,7 +144,7 @@ class OneRowGraph:
         (torch, this module's code, the CPU's instruction set, the shapes and constants)."""
         key = hashlib.sha256(repr((
             torch.__version__, _SOURCE, torch.backends.cpu.get_cpu_capability(),
-            which, str(dtype), widest(self.int4), self.eps,
+            which, str(dtype), widest(self.int4), self.eps, self.kernel(dtype),
             tuple(self.inv_freq.shape),
             [(tuple(w.shape), str(w.dtype)) for w in self.weights[0]])).encode()).hexdigest()[:20]
         return paths.compile_cache_dir() / f"one-row-{which}-{key}.pt2"
@@ -171,7 +183,7 @@ class OneRowGraph:
             capacity = Dim("capacity", min=2, max=1 << 20)
             width = Dim("width", min=2, max=wide) if which else None
             program = torch.export.export(
-                _Exported(self.eps), (x, torch.tensor(3), self.inv_freq, key, value,
+                _Exported(self.eps, self.kernel(dtype)), (x, torch.tensor(3), self.inv_freq, key, value,
                                       self.weights[0]),
                 dynamic_shapes=({0: width} if width else None, None, None, {2: capacity},
                                 {2: capacity}, [None] * len(self.weights[0])),
@@ -182,7 +194,7 @@ class OneRowGraph:
             path.parent.mkdir(parents=True, exist_ok=True)
             shims = ({getattr(torch.ops.autospec, op).default: declared
                       for op, declared in quantized.C_SHIMS.items()}
-                     if self.int4 and quantized.available() else {})
+                     if quantized.available() else {})
             with torch._inductor.config.patch({"aot_inductor.custom_ops_to_c_shims": shims}):
                 torch._inductor.aoti_compile_and_package(program, package_path=str(aside))
         os.replace(aside, path)
@@ -192,16 +204,17 @@ class OneRowGraph:
 class _Exported(torch.nn.Module):
     """one_row_layer as torch.export takes it: the start as a 0-d tensor."""
 
-    def __init__(self, eps: float):
+    def __init__(self, eps: float, kernel: bool):
         super().__init__()
-        self.eps = eps
+        self.eps, self.kernel = eps, kernel
 
     def forward(self, x, start, inv_freq, key_store, value_store, weights):
         start = start.item()
         torch._check(start >= 0)
         for store in (key_store, value_store):  # what RowCache._room ensures: the row fits
             torch._check(start + x.shape[0] <= store.shape[2])
-        return one_row_layer(x, start, inv_freq, key_store, value_store, weights, self.eps)
+        return one_row_layer(x, start, inv_freq, key_store, value_store, weights, self.eps,
+                             self.kernel)
 
 
 def _layer_weights(layer) -> list[torch.Tensor]:
@@ -243,7 +256,8 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def one_row_layer(x: torch.Tensor, start: int, inv_freq: torch.Tensor, key_store: torch.Tensor,
-                  value_store: torch.Tensor, weights: tuple, eps: float) -> torch.Tensor:
+                  value_store: torch.Tensor, weights: tuple, eps: float,
+                  kernel: bool = False) -> torch.Tensor:
     """x (T, D), one row's hidden states at positions start .. start + T - 1, through one
     decoder layer (`weights`: _layer_weights), its K and V written into key_store /
     value_store (1, kv_heads, capacity, head_dim), attending to positions < start + T. The
@@ -267,7 +281,7 @@ def one_row_layer(x: torch.Tensor, start: int, inv_freq: torch.Tensor, key_store
     angles = torch.cat((angles, angles), -1)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (T, head_dim)
     mask = None
-    if width > 1:  # query t sees positions <= start + t; each key/value head's group of queries
+    if width > 1 and not kernel:  # query t sees positions <= start + t; each key/value head's group of queries
         seen = torch.arange(span, device=x.device)[None, :] <= positions[:, None]
         mask = torch.zeros((width, span), dtype=x.dtype, device=x.device)
         mask = mask.masked_fill(~seen, torch.finfo(x.dtype).min)
@@ -279,11 +293,17 @@ def one_row_layer(x: torch.Tensor, start: int, inv_freq: torch.Tensor, key_store
     qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin
     key_store[0, :, start:span] = qk[heads:]
     value_store[0, :, start:span] = qkv[heads + kv_heads:]
-    # grouped_attention: each key/value head's query heads as its queries
-    query = qk[:heads].reshape(1, kv_heads, group * width, head_dim)
-    out = F.scaled_dot_product_attention(query, key_store[:, :, :span], value_store[:, :, :span],
-                                         attn_mask=mask, scale=scaling)
-    out = out.reshape(heads, width, head_dim).transpose(0, 1).reshape(width, heads * head_dim)
+    if kernel:  # grouped_attention's rows_kernel: query t sees start + t + 1 positions
+        seen = (positions + 1).to(torch.int32)[None]
+        out = torch.ops.autospec.rows_attention(qk[:heads][None].contiguous(),
+                                                key_store[:, :, :span], value_store[:, :, :span],
+                                                seen, scaling).reshape(width, heads * head_dim)
+    else:  # grouped_attention: each key/value head's query heads as its queries
+        query = qk[:heads].reshape(1, kv_heads, group * width, head_dim)
+        out = F.scaled_dot_product_attention(query, key_store[:, :, :span],
+                                             value_store[:, :, :span], attn_mask=mask,
+                                             scale=scaling)
+        out = out.reshape(heads, width, head_dim).transpose(0, 1).reshape(width, heads * head_dim)
     x = x + _product(out, o_w)
     h = _norm(x, post_norm, eps)
     gate_up = _product(h, gate_up_w)

@@ -6,14 +6,15 @@
 //
 // A weight is laid out in tiles of 16 outputs (one AVX-512 register of float32), a tile's bytes
 // contiguous, so a thread streams its tiles once for up to ROWS rows of x, prefetching AHEAD:
-// - 4-bit (quantized.py `pack4`): per block of 32 inputs, 320 bytes: 16 pairs of inputs x 16
-//   bytes (output j's value at input 2p in the low nibble, at 2p + 1 in the high one), then the
-//   16 outputs' scales and zeros in bfloat16. Over a block, x . weight = scale * (x . q) +
+// - 4-bit (quantized.py `pack4`): per block of 32 inputs, 320 bytes: 8 chunks of 32 bytes (byte
+//   2j + i of chunk c: output j's value at input 2c + i in the low nibble, at 2c + 16 + i in the
+//   high one: one load of a chunk is two rows of the tile unit's B, bit operations apart), then
+//   the 16 outputs' scales and zeros in bfloat16. Over a block, x . weight = scale * (x . q) +
 //   (zero - 8 scale) * sum(x): the inner loop is q (0..15, exact in float32) times x.
 // - 8-bit (`pack8`): per input 16 bytes (output j's value in byte j), then the 16 row scales.
-// The inner loops are a fused multiply-add per row and 16 outputs, two chains (even and odd
-// inputs) a row. On a CPU with AMX, more rows go through the tile unit (tile4_amx from
-// AMX_FROM rows, tile_wide from WIDE_FROM / WIDE8_FROM). Within each path a row's arithmetic is
+// The inner loops are a fused multiply-add per row and 16 outputs, four chains a row. On a CPU
+// with AMX, more rows go through the tile unit (tile4_amx from AMX_FROM rows, tile_wide from
+// WIDE_FROM / WIDE8_FROM). Within each path a row's arithmetic is
 // the same whatever M: a row's output is the same bits in any batch on that path.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -32,6 +33,9 @@ namespace {
 
 constexpr int64_t GROUP = 32, TILE = 16, ROWS = 8;
 constexpr int64_t VALUE_BYTES = GROUP / 2 * TILE;
+// a block's values in CHUNKS chunks of 32 bytes: byte 2j + i of chunk c holds output j's value
+// at input 2c + i (low nibble) and at 2c + 16 + i (high nibble)
+constexpr int64_t CHUNK_BYTES = 2 * TILE, CHUNKS = VALUE_BYTES / CHUNK_BYTES;
 constexpr int64_t BLOCK_BYTES = VALUE_BYTES + 2 * TILE * 2;
 // prefetched this far ahead of the block being read: a layer's weights stream from memory, and
 // without it the kernel read them at 13 GB/s against torch's kernel's 17 (SmolLM2's 30 layers,
@@ -70,23 +74,32 @@ void tile4(const float* x, const float* sums, const uint8_t* w, int64_t K, uint1
     const uint8_t* q = w + g * BLOCK_BYTES;
     const float* xg = x + g * GROUP;
     for (int64_t line = 0; line < BLOCK_BYTES; line += 64) prefetch(q + line);
-    __m512 even[M], odd[M];  // two chains of additions a row, summed at the block's end
-    for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int p = 0; p < GROUP / 2; ++p) {
-      __m512i v = _mm512_cvtepu8_epi32(load16(q + p * TILE));
-      __m512 lo = _mm512_permutexvar_ps(v, table);
-      __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+    __m512 sum[M][4];  // four chains of additions a row, summed at the block's end
+    for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = sum[m][2] = sum[m][3] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (int c = 0; c < CHUNKS; ++c) {
+      // dword j: output j's bytes 2j, 2j + 1 (inputs 2c, 2c + 16; 2c + 1, 2c + 17)
+      __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(q + c * CHUNK_BYTES)));
+      __m512 a = _mm512_permutexvar_ps(v, table);
+      __m512 b = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8), table);
+      __m512 h = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+      __m512 i = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 12), table);
       for (int m = 0; m < M; ++m) {
-        even[m] = _mm512_fmadd_ps(_mm512_set1_ps(xg[m * K + 2 * p]), lo, even[m]);
-        odd[m] = _mm512_fmadd_ps(_mm512_set1_ps(xg[m * K + 2 * p + 1]), hi, odd[m]);
+        const float* xm = xg + m * K + 2 * c;
+        sum[m][0] = _mm512_fmadd_ps(_mm512_set1_ps(xm[0]), a, sum[m][0]);
+        sum[m][1] = _mm512_fmadd_ps(_mm512_set1_ps(xm[1]), b, sum[m][1]);
+        sum[m][2] = _mm512_fmadd_ps(_mm512_set1_ps(xm[GROUP / 2]), h, sum[m][2]);
+        sum[m][3] = _mm512_fmadd_ps(_mm512_set1_ps(xm[GROUP / 2 + 1]), i, sum[m][3]);
       }
     }
     const uint16_t* scales = reinterpret_cast<const uint16_t*>(q + VALUE_BYTES);
     __m512 scale = bf16_to_f32(scales), zero = bf16_to_f32(scales + TILE);
     __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, zero);
     for (int m = 0; m < M; ++m) {
-      acc[m] = _mm512_fmadd_ps(scale, _mm512_add_ps(even[m], odd[m]), acc[m]);
+      __m512 dot = _mm512_add_ps(_mm512_add_ps(sum[m][0], sum[m][1]),
+                                 _mm512_add_ps(sum[m][2], sum[m][3]));
+      acc[m] = _mm512_fmadd_ps(scale, dot, acc[m]);
       acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(sums[m * blocks + g]), offset, acc[m]);
     }
   }
@@ -124,8 +137,9 @@ void tile8(const float* x, const float*, const int8_t* w, int64_t K, uint16_t* o
 // more than one.
 bool use_amx = false;
 // from this many rows AMX is faster than tile4 (SmolLM2's 30 layers, streamed, 2 threads, ms,
-// AMX / tile4: 3 rows 4.6 / 4.3, 4 rows 4.8 / 5.0, 5 rows 4.8 / 5.8, 16 rows 8.0 / 17)
-constexpr int64_t AMX_FROM = 4;
+// AMX / tile4: 1 row 3.0-3.3 / 2.5-2.7, 2 rows 3.3-3.6 / 3.2-3.5, 3 rows 3.4-3.6 / 4.2-4.5,
+// 5 rows 3.8-4.1 / 5.6-6.3, 9 rows 5.0-5.6 / 11.6)
+constexpr int64_t AMX_FROM = 3;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -133,21 +147,20 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// one block's 4-bit values (`q`) as bfloat16 in B's layout: a row a pair of inputs, output j's
-// two values side by side
+// one block's 4-bit values (`q`) in B's layout (a row a pair of inputs, output j's two values
+// side by side) as the bfloat16 numbers 128 + q: 0x4300 (128.0) with q in the mantissa's low bits,
+// exact, two bit operations a chunk's row (`amx_scale` takes the 128 off with the zero's term)
 __attribute__((target("amx-tile,amx-bf16"))) inline void amx_values(const uint8_t* q,
                                                                      uint16_t (*values)[2 * TILE]) {
-  const __m512i mask = _mm512_set1_epi32(0x000F000F);
-  const __m512i table = _mm512_set_epi16(  // bfloat16 15.0 .. 0.0, by a 4-bit index
-      0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0,
-      0x4080, 0x4040, 0x4000, 0x3F80, 0x0000, 0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120,
-      0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0x0000);
+  const __m512i low = _mm512_set1_epi16(0x000F), base = _mm512_set1_epi16(0x4300);
 #pragma GCC unroll 4
-  for (int p = 0; p < GROUP / 2; ++p) {
-    // dword j = byte j: its low nibble to word 2j, its high one to word 2j + 1
-    __m512i v = _mm512_cvtepu8_epi32(load16(q + p * TILE));
-    v = _mm512_and_si512(_mm512_or_si512(v, _mm512_slli_epi32(v, 12)), mask);
-    _mm512_store_si512(values[p], _mm512_permutexvar_epi16(v, table));
+  for (int c = 0; c < CHUNKS; ++c) {
+    __m512i v = _mm512_cvtepu8_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * CHUNK_BYTES)));
+    // (v & low) | base: inputs 2c, 2c + 1 to B's row c; the high nibbles' to row c + 8
+    _mm512_store_si512(values[c], _mm512_ternarylogic_epi32(v, low, base, 0xEA));
+    _mm512_store_si512(values[c + CHUNKS],
+                       _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), low, base, 0xEA));
   }
 }
 
@@ -157,7 +170,8 @@ inline void amx_scale(const uint8_t* q, const float (*dots)[TILE], const float* 
                       int64_t blocks, int64_t g, __m512* acc) {
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(q + VALUE_BYTES);
   __m512 scale = bf16_to_f32(scales), zero = bf16_to_f32(scales + TILE);
-  __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, zero);
+  // x . q = x . (128 + q) - 128 sum(x)
+  __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f + 128.0f), scale, zero);
   for (int m = 0; m < M; ++m) {
     acc[m] = _mm512_fmadd_ps(scale, _mm512_load_ps(dots[m]), acc[m]);
     acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(sums[m * blocks + g]), offset, acc[m]);
@@ -165,40 +179,47 @@ inline void amx_scale(const uint8_t* q, const float (*dots)[TILE], const float* 
 }
 
 // M rows of x (bfloat16, row stride K) by one tile, two blocks at a time on two sets of tile
-// registers (0-2, 3-5: product, x, values), so that one block's product overlaps the other's
-// store (tile registers are not renamed)
+// registers (0-2, 3-5: product, x, values; tile registers are not renamed), software-pipelined:
+// the next block's values are made while this one's tile product runs, and a block's product
+// is scaled LAG blocks after it was stored, so that neither the vector work nor the tile unit
+// waits on the other (in sequence they cost their sum: SmolLM2's layers, 3 rows, 4.6 ms where
+// the values alone take 2.1 and the tile work 2.5)
+constexpr int64_t LAG = 2;
 template <int M>
 __attribute__((target("amx-tile,amx-bf16"))) void tile4_amx(
     const uint16_t* x16, const float* sums, const uint8_t* w, int64_t K, uint16_t* out,
     int64_t N) {
   const int64_t blocks = K / GROUP;
   alignas(64) uint16_t values[2][GROUP / 2][2 * TILE];
-  alignas(64) float dots[2][M][TILE];
+  alignas(64) float dots[2 * LAG][M][TILE];
   __m512 acc[M];
   for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  auto scale = [&](int64_t b) {
+    amx_scale<M>(w + b * BLOCK_BYTES, dots[b % (2 * LAG)], sums, blocks, b, acc);
+  };
+  amx_values(w, values[0]);
   for (int64_t g = 0; g < blocks; g += 2) {
     const uint8_t* q = w + g * BLOCK_BYTES;
     const bool pair = g + 1 < blocks;
     for (int64_t line = 0; line < 2 * BLOCK_BYTES; line += 64) prefetch(q + line);
-    amx_values(q, values[0]);
+    if (pair) amx_values(q + BLOCK_BYTES, values[1]);
     _tile_zero(0);
     _tile_loadd(1, x16 + g * GROUP, K * 2);
     _tile_loadd(2, values[0], 64);
     _tile_dpbf16ps(0, 1, 2);
+    _tile_stored(0, dots[g % (2 * LAG)], 64);
+    if (g >= LAG) scale(g - LAG);
     if (pair) {
-      amx_values(q + BLOCK_BYTES, values[1]);
+      if (g + 2 < blocks) amx_values(q + 2 * BLOCK_BYTES, values[0]);
       _tile_zero(3);
       _tile_loadd(4, x16 + (g + 1) * GROUP, K * 2);
       _tile_loadd(5, values[1], 64);
       _tile_dpbf16ps(3, 4, 5);
-    }
-    _tile_stored(0, dots[0], 64);
-    amx_scale<M>(q, dots[0], sums, blocks, g, acc);
-    if (pair) {
-      _tile_stored(3, dots[1], 64);
-      amx_scale<M>(q + BLOCK_BYTES, dots[1], sums, blocks, g + 1, acc);
+      _tile_stored(3, dots[(g + 1) % (2 * LAG)], 64);
+      if (g + 1 >= LAG) scale(g + 1 - LAG);
     }
   }
+  for (int64_t b = std::max<int64_t>(0, blocks - LAG); b < blocks; ++b) scale(b);
   for (int m = 0; m < M; ++m)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * N), f32_to_bf16(acc[m]));
 }
@@ -230,10 +251,10 @@ __attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
 // scale for every 16 rows, which made two passes of 16 cost 1.5x one
 constexpr int64_t WIDE_ROWS = 64;
 // from this many rows the wide kernel is faster (SmolLM2's 30 layers, streamed, 2 threads, ms,
-// wide / tile4_amx: 4 rows 5.4 / 4.8, 8 5.3 / 5.1, 9 5.5 / 5.3, 10 5.6 / 5.7, 11 5.4 / 5.9,
-// 12 5.5 / 6.1; 16 5.6, 17 5.4, 24 5.5, 32 6.8, 64 9.6, where two passes of tile4_amx took 12.8
-// at 17 and oneDNN in bfloat16 13.1 at 16, 17.0 at 64)
-constexpr int64_t WIDE_FROM = 10;
+// wide / tile4_amx: 9 rows 5.4 / 5.0-5.6, 10 5.6 / 5.2, 11 5.5 / 5.4, 12 5.6-5.8 / 5.7, 14
+// 5.7 / 6.1, 16 5.8 / 8.1; 24 5.5, 32 6.8, 64 9.6, where two passes of tile4_amx took 12.8 at 17
+// and oneDNN in bfloat16 13.1 at 16, 17.0 at 64)
+constexpr int64_t WIDE_FROM = 12;
 // and for an 8-bit weight (its values exact in bfloat16; SmolLM2's head streamed, 2 threads, ms,
 // wide / tile8: 2 rows 0.90 / 0.76, 4 0.95-0.99 / 1.05, 8 1.17-1.21 / 1.80; 16 1.4-1.5, 64 2.3-2.5,
 // where oneDNN in bfloat16 took 2.8 at 16)
@@ -244,21 +265,24 @@ __attribute__((target("avx512bf16"))) inline void amx_dequant(const uint8_t* q,
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(q + VALUE_BYTES);
   const __m512 scale = bf16_to_f32(scales), zero = bf16_to_f32(scales + TILE);
   const __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, zero);
+  // a chunk's bytes 0-15 are outputs 0-7's (two bytes an output), 16-31 outputs 8-15's
+  const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+  const __m512 scale0 = _mm512_permutexvar_ps(first, scale), scale1 = _mm512_permutexvar_ps(second, scale);
+  const __m512 offset0 = _mm512_permutexvar_ps(first, offset);
+  const __m512 offset1 = _mm512_permutexvar_ps(second, offset);
   const __m512i nibble = _mm512_set1_epi32(0xF);
-  // bfloat16 words [even inputs' 16 outputs, odd inputs' 16] to B's layout: output j's pair
-  // at words 2j, 2j + 1
-  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
-#pragma GCC unroll 4
-  for (int p = 0; p < GROUP / 2; ++p) {
-    __m512i v = _mm512_cvtepu8_epi32(load16(q + p * TILE));  // dword j: output j's byte
-    __m512 even = _mm512_cvtepi32_ps(_mm512_and_si512(v, nibble));
-    __m512 odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-    even = _mm512_fmadd_ps(even, scale, offset);
-    odd = _mm512_fmadd_ps(odd, scale, offset);
-    __m512i words = (__m512i)_mm512_cvtne2ps_pbh(odd, even);
-    _mm512_store_si512(values[p], _mm512_permutexvar_epi16(pairs, words));
+#pragma GCC unroll 2
+  for (int c = 0; c < CHUNKS; ++c) {
+    const uint8_t* chunk = q + c * CHUNK_BYTES;
+    __m512i v0 = _mm512_cvtepu8_epi32(load16(chunk)), v1 = _mm512_cvtepu8_epi32(load16(chunk + 16));
+    // words 0-15 from the chunk's first 16 bytes, 16-31 from the rest: B's row as it lies
+    __m512 lo0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v0, nibble)), scale0, offset0);
+    __m512 lo1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v1, nibble)), scale1, offset1);
+    _mm512_store_si512(values[c], (__m512i)_mm512_cvtne2ps_pbh(lo1, lo0));
+    __m512 hi0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v0, 4)), scale0, offset0);
+    __m512 hi1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v1, 4)), scale1, offset1);
+    _mm512_store_si512(values[c + CHUNKS], (__m512i)_mm512_cvtne2ps_pbh(hi1, hi0));
   }
 }
 

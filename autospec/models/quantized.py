@@ -7,13 +7,14 @@ one reads a weight once per four rows, so a verify of K + 1 tokens cost far more
 one-token step; the 8-bit head read at half the peak. quantized.cpp streams each weight once for
 up to eight rows, prefetching ahead, its inner loop a fused multiply-add per row over the
 weight's values in float32, a 4-bit block's scale and zero (an 8-bit row's scale) applied once
-(its header says how). From 4 rows, on a CPU with AMX, a 4-bit weight's values go through the
-tile unit instead: their conversion is per weight, not per row, so 9 rows cost little more
-than 4; from 10, each block's values are dequantized once for up to 64 rows, so the tile
-products add up over the whole weight. Weights streamed from memory, 2 threads, ms (torch's /
-these):
-- SmolLM2's 30 layers' products at int4: 1 row 3.8 / 3.1, 3 rows 5.7 / 4.6, 5 rows 11.6 / 6.3
-  (AMX 4.8), 8 rows 12.5 / 9.1 (AMX 5.1), 16 rows (oneDNN in bfloat16) 13.1 / AMX 5.6, 17
+(its header says how). From 3 rows, on a CPU with AMX, a 4-bit weight's values go through the
+tile unit instead: their conversion is per weight, not per row (two bit operations a row of
+the tile's operand: `pack4`'s layout), and the vector work and the tile products overlap, so 11
+rows cost little more than 3; from 12, each block's values are dequantized once for up to 64
+rows, so the tile products add up over the whole weight. Weights streamed from memory, 2
+threads, ms (torch's / these):
+- SmolLM2's 30 layers' products at int4: 1 row 3.8 / 2.5-2.7, 3 rows 5.7 / AMX 3.4-3.6, 5 rows
+  11.6 / AMX 3.8-4.1, 8 rows 12.5 / AMX 4.9, 16 rows (oneDNN in bfloat16) 13.1 / AMX 5.8, 17
   rows (oneDNN) 14.0 / AMX 5.4, 32 rows 14.7 / AMX 6.8;
 - its 8-bit head: 1 row 2.4 / 1.1, 3 rows 2.8 / 1.0, 5 rows 4.5 (oneDNN in bfloat16 2.4) / 1.4
   (AMX 1.0), 16 rows (oneDNN) 2.8 / AMX 1.4.
@@ -28,7 +29,7 @@ and `int8_forms` give whichever forms the process runs, `mm` takes any, `widest`
 rows they pay for.
 
 Lossless: a row's output is the same bits at any row count on one path (each row's arithmetic
-is its own; the 4-bit kernel's paths are 1-3 rows and, on AMX, 4 and more), and it is the
+is its own; the 4-bit kernel's paths are, on AMX, 1-2 rows, 3-11 and 12-64), and it is the
 weight's product within bfloat16's rounding, as torch's kernels' are
 (tests/models/test_quantized.py).
 """
@@ -78,16 +79,16 @@ def available() -> bool:
 # the most rows a product runs by these kernels: from one more, oneDNN over the weight's values
 # in bfloat16 (products.py) is faster. Weights streamed, 2 threads, ms (this kernel / oneDNN):
 # SmolLM2's 30 layers at int4 5 rows 6.5 / 12.3, 8 9.2 / 12.7, 9 11.4 / 12.2, 12 13.7 / 12.5; on
-# AMX 16 rows 5.6 / 13.1, 17 5.4 / 14.0, 32 6.8 / 14.7, 64 9.6 / 17.0 (from 10 rows each block
+# AMX 16 rows 5.6 / 13.1, 17 5.4 / 14.0, 32 6.8 / 14.7, 64 9.6 / 17.0 (from 12 rows each block
 # dequantized once for up to 64 rows: one pass, no step in the cost at 17 rows, where two
 # passes of 16 took 12.8) — so a verify at the default k_max stays compiled, and a batch's step
 # costs about its tokens up to 64; its 8-bit head 8 rows 2.0 / 2.4 (over 8 rows a tile is read
 # again: 9 rows ~3.1), on AMX 16 rows 1.4-1.5 / 2.8, 64 2.3-2.5
 WIDEST = {4: 11, 8: 8}
 AMX_WIDEST = 64
-# the rows from which quantized.cpp's wide AMX path runs a 4-bit weight (its WIDE_FROM): a row's
-# bits are the same at any row count within each path (1-3, 4-9, 10-64)
-AMX_WIDE_FROM = 10
+# the rows from which quantized.cpp's AMX paths run a 4-bit weight (its AMX_FROM, WIDE_FROM): a
+# row's bits are the same at any row count within each path (1-2, 3-11, 12-64)
+AMX_FROM, AMX_WIDE_FROM = 3, 12
 # torch's: the int4 kernel reads a weight once per 4 rows; the 8-bit one is slower than oneDNN
 # in bfloat16 from 2 rows (SmolLM2's head, ms, 8-bit / oneDNN: 1 row 2.1 / 4.9, 3 rows 3.9 / 4.7)
 TORCH_WIDEST = {4: 4, 8: 1}
@@ -128,6 +129,9 @@ def int8_forms(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor
 # custom_ops_to_c_shims): a compiled library calls them directly, not through the dispatcher
 C_SHIMS = {op: [f"AOTITorchError aoti_torch_cpu_{op}(AtenTensorHandle x, AtenTensorHandle tiles, "
                 f"int64_t n, AtenTensorHandle* out)"] for op in ("int4_mm", "int8_mm")}
+C_SHIMS["rows_attention"] = [  # attention.cpp's
+    "AOTITorchError aoti_torch_cpu_rows_attention(AtenTensorHandle q, AtenTensorHandle k, "
+    "AtenTensorHandle v, AtenTensorHandle seen, double scale, AtenTensorHandle* out)"]
 
 
 def mm(x: torch.Tensor, weight: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -160,8 +164,11 @@ def pack4(blocks: Int4Blocks) -> torch.Tensor:
     q = blocks.q
     n, k = q.shape
     tiles, per_tile = n // TILE, k // GROUP
-    pairs = q.view(tiles, TILE, per_tile, GROUP // 2, 2)
-    values = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 3, 1).reshape(tiles, per_tile, -1)
+    # (tile, output j, block, half h, chunk c, i): input 16 h + 2 c + i; a byte (chunk c, 2 j + i)
+    # holds half 0's value in its low nibble, half 1's in its high one
+    halves = q.view(tiles, TILE, per_tile, 2, GROUP // 4, 2)
+    values = (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4)
+    values = values.reshape(tiles, per_tile, -1)
 
     def numbers(t: torch.Tensor) -> torch.Tensor:
         t = t.to(torch.bfloat16).view(tiles, TILE, per_tile).permute(0, 2, 1).contiguous()

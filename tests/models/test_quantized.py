@@ -28,7 +28,7 @@ def _blocks(n: int, k: int, seed: int = 0) -> weights.Int4Blocks:
     return weights.quantize(torch.randn(n, k) * 0.05)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 10, 11, 16, 17, 40, 64, 70])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 10, 11, 12, 16, 17, 40, 64, 70])
 def test_the_product_is_the_blocks_within_bfloat16_rounding(rows):
     blocks = _blocks(96, 128)
     x = torch.randn(rows, 128).to(torch.bfloat16)
@@ -74,14 +74,16 @@ def test_the_8bit_product_is_the_weights_within_bfloat16_rounding(rows):
 
 
 def test_a_rows_bits_are_the_same_in_any_batch():
-    """On one path: the int4 kernel's 1-3 rows, 4-9 and 10-64 (on AMX, where the CPU has it,
-    a tile product's sum in another order, and from 10 each block's values dequantized before
+    """On one path: the int4 kernel's 1-2 rows, 3-11 and 12-64 (on AMX, where the CPU has it,
+    a tile product's sum in another order, and from 12 each block's values dequantized before
     it); the 8-bit kernel's 1-3 rows and 4-64 (on AMX)."""
     x = torch.randn(19, 96).to(torch.bfloat16)
     int4_forms = quantized.int4_forms(_blocks(64, 96, seed=1))
     int8_forms = quantized.int8_forms(*_int8(64, 96))
-    for forms, counts, whole_rows in ((int4_forms, (1, 2), 3), (int4_forms, (4, 8), 9),
-                                      (int4_forms, (10, 16, 17), 19), (int8_forms, (1, 2), 3),
+    amx, wide = quantized.AMX_FROM, quantized.AMX_WIDE_FROM
+    for forms, counts, whole_rows in ((int4_forms, range(1, amx - 1), amx - 1),
+                                      (int4_forms, (amx, wide - 3), wide - 1),
+                                      (int4_forms, (wide, 16, 17), 19), (int8_forms, (1, 2), 3),
                                       (int8_forms, (4, 8, 9, 16), 19)):
         whole = quantized.mm(x[:whole_rows], forms)
         for rows in counts:
@@ -108,8 +110,13 @@ def test_pack_layout_and_shape():
     (tiles,) = quantized.int4_forms(blocks)
     assert tiles.dtype == torch.uint8 and tiles.shape == (3, 2 * quantized.BLOCK_BYTES)
     assert quantized.shape((tiles,)) == (48, 64) and quantized.shape(blocks.packed()) == (48, 64)
-    # tile 0, block 0: output 0's inputs 0 and 1 share the first byte, low nibble first
-    assert tiles[0, 0].item() == int(blocks.q[0, 0]) | int(blocks.q[0, 1]) << 4
+    # tile 0, block 0: output 0's inputs 0 and 16 share the first byte (low nibble first), its
+    # 1 and 17 the second; output 1's 0 and 16 the third; chunk 1 holds inputs 2, 3 (18, 19)
+    q = blocks.q
+    assert tiles[0, 0].item() == int(q[0, 0]) | int(q[0, 16]) << 4
+    assert tiles[0, 1].item() == int(q[0, 1]) | int(q[0, 17]) << 4
+    assert tiles[0, 2].item() == int(q[1, 0]) | int(q[1, 16]) << 4
+    assert tiles[0, 32 + 1].item() == int(q[0, 3]) | int(q[0, 19]) << 4
 
 
 _PROBE = """
@@ -158,10 +165,14 @@ def test_the_compiled_int4_forward_calls_the_kernel_and_gives_eagers_logits(monk
     assert all(w.dtype == torch.uint8 for w in graph.weights[0][2:])  # the kernel's tiles
     got = _logits(target, ids, feeds)
     assert set(graph.runners) == {0, 1}  # both libraries ran
-    for which in (0, 1):  # each calls the kernel's C entry point, not the dispatcher
+    # on AMX the layer attends by autospec::rows_attention (head dim 64, 17 x 1 queries a pass)
+    assert graph.kernel(torch.bfloat16) == quantized.amx()
+    for which in (0, 1):  # each calls the kernels' C entry points, not the dispatcher
         with zipfile.ZipFile(graph.package_path(which, torch.bfloat16)) as package:
             wrapper = [n for n in package.namelist() if n.endswith(".wrapper.cpp")]
-            assert wrapper and "aoti_torch_cpu_int4_mm(" in package.read(wrapper[0]).decode()
+            code = package.read(wrapper[0]).decode() if wrapper else ""
+            assert "aoti_torch_cpu_int4_mm(" in code
+            assert ("aoti_torch_cpu_rows_attention(" in code) == quantized.amx()
     _PLANS[target].graph = None
     eager = _logits(target, ids, feeds)
     # the same products (one kernel), the small ops in another order: within the rounding
