@@ -177,7 +177,7 @@ class AdaptiveController(Controller):
         cap = self.settings.step_cap
         # a bounded step: none whose forward and drafting exceed cap x a plain step
         max_step = cap * prices.step(0) - chunk * prices.token if cap else None
-        rate, ks = self._ks(chances, drafters, prices, max_step)
+        rate, ks = self._ks(chances, drafters, prices, max_step, chunk)
         # a row whose drafter does not pay in this step (an exploring draw of a costly
         # drafter, say) drafts with a look-up drafter that has a proposal (n-gram, suffix:
         # the first in the policy's order), rather than decoding plain
@@ -191,7 +191,7 @@ class AdaptiveController(Controller):
                 if d is not None and d not in alphas:
                     alphas[d] = self._alphas(state, request, d, proposals.get(d))
             drafters = fallback
-            rate, ks = self._ks(chances, drafters, prices, max_step)
+            rate, ks = self._ks(chances, drafters, prices, max_step, chunk)
         k_min = self.settings.k_min
         out = []
         for state, request, drafter, k in zip(states, requests, drafters, ks):
@@ -289,12 +289,12 @@ class AdaptiveController(Controller):
         return k
 
     def _ks(self, chances: list[dict[str, list[float]]], drafters: list[str | None],
-            prices: Prices, max_step: float | None) -> tuple[float, list[int]]:
+            prices: Prices, max_step: float | None, chunk: int = 0) -> tuple[float, list[int]]:
         """(the step's goodput, every row's K) of best_batch over each row's drafter's
-        tokens (`_choose`'s chances; None: plain)."""
+        tokens (`_choose`'s chances; None: plain), `chunk` prompt tokens riding in the step."""
         alphas = [[] if d is None else row[d] for d, row in zip(drafters, chances)]
         draft_s = [0.0 if d is None else self._draft_seconds(d, prices) for d in drafters]
-        return best_batch(alphas, draft_s, prices, max_step)
+        return best_batch(alphas, draft_s, prices, max_step, riding=chunk)
 
     def observe(self, outcome: Outcome) -> None:
         """The step's records of this controller's rows, each folded by the one rule

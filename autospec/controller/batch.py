@@ -36,13 +36,14 @@ from autospec.controller.decide import best_k
 WIDTH_CAPS = (1, 2, 4, 8, 16, 32)
 
 def batch_ks(means: list[list[float]], draft_seconds: list[float], prices: Prices,
-             max_seconds: float | None = None, rounds: int = 8) -> list[int]:
+             max_seconds: float | None = None, rounds: int = 8, riding: int = 0) -> list[int]:
     """K per row maximising the step's goodput: `best_batch`'s K."""
-    return best_batch(means, draft_seconds, prices, max_seconds, rounds)[1]
+    return best_batch(means, draft_seconds, prices, max_seconds, rounds, riding)[1]
 
 
 def best_batch(means: list[list[float]], draft_seconds: list[float], prices: Prices,
-               max_seconds: float | None = None, rounds: int = 8) -> tuple[float, list[int]]:
+               max_seconds: float | None = None, rounds: int = 8,
+               riding: int = 0) -> tuple[float, list[int]]:
     """(the goodput in tokens per second, K per row) maximising the step's goodput (the
     module docstring), in Python floats (it runs once a step: numpy's per-call cost was most
     of its time).
@@ -55,10 +56,14 @@ def best_batch(means: list[list[float]], draft_seconds: list[float], prices: Pri
     plain for every row always stays). Where the widest row's padding has a price
     (`Prices.width`), the best is also sought with every row's K capped at each of WIDTH_CAPS
     (the worth of a token does not see what it widens), and the best of those kept.
+    riding: a joining prompt's tokens in the step (its chunk): each counts as one of the step's
+    tokens and costs its price (`Prices.token`), so while a prompt joins a drafted token must
+    pay at the step's rate with the chunk in it — the chunk's wait priced, as a scheduler's
+    token budget counts a prompt's tokens and a decode's alike.
 
     One row at its measured forward sizes (`Prices.table`) is the same objective over a prefix
     of one row, which `decide.best_k` walks once rather than by Dinkelbach's rounds."""
-    if len(means) == 1 and max_seconds is None and len(means[0]) < len(prices.table):
+    if len(means) == 1 and max_seconds is None and not riding and len(means[0]) < len(prices.table):
         plain = 1.0 / prices.step(0)
         rate, k = best_k(means[0], draft_seconds[0], prices.table, len(means[0]))
         return (rate, [k]) if rate > plain else (plain, [0])
@@ -77,18 +82,20 @@ def best_batch(means: list[list[float]], draft_seconds: list[float], prices: Pri
         caps = [cap for cap in WIDTH_CAPS if cap < longest] + caps
     best_rate, best = -1.0, [0] * len(means)
     for cap in caps:
-        rate, ks = _best_ks([g[:cap] for g in gains], draft_seconds, prices, max_seconds, rounds)
+        rate, ks = _best_ks([g[:cap] for g in gains], draft_seconds, prices, max_seconds, rounds,
+                            riding)
         if rate > best_rate:
             best_rate, best = rate, ks
     return best_rate, best
 
 
 def _best_ks(gains: list[list[float]], draft_seconds: list[float], prices: Prices,
-             max_seconds: float | None, rounds: int) -> tuple[float, list[int]]:
+             max_seconds: float | None, rounds: int, riding: int = 0) -> tuple[float, list[int]]:
     """(goodput, K per row) of batch_ks for rows whose kept-token chances are `gains`."""
     n = len(gains)
+    base, chunk = n + riding, riding * prices.token  # the step's tokens with the chunk's
     step = prices.step
-    rate = n / step(0)
+    rate = base / (step(0) + chunk)
     best: list[tuple] = []
     for _ in range(rounds):
         # every token worth drafting at this rate, best first (within a row in order: its
@@ -101,7 +108,7 @@ def _best_ks(gains: list[list[float]], draft_seconds: list[float], prices: Price
                     break
                 tokens.append((g - price, g, d, i))
         tokens.sort(key=lambda t: -t[0])
-        kept, gained, drafting, new_rate = 0, 0.0, 0.0, n / step(0)
+        kept, gained, drafting, new_rate = 0, 0.0, 0.0, base / (step(0) + chunk)
         counts, widest = [0] * n, 0
         for x, (_, g, d, i) in enumerate(tokens, start=1):
             gained += g
@@ -111,7 +118,7 @@ def _best_ks(gains: list[list[float]], draft_seconds: list[float], prices: Price
             seconds = step(x, widest) + drafting
             if max_seconds is not None and seconds > max_seconds:
                 continue
-            goodput = (n + gained) / seconds
+            goodput = (base + gained) / (seconds + chunk)
             if goodput > new_rate:
                 kept, new_rate = x, goodput
         chosen = tokens[:kept]
