@@ -141,6 +141,36 @@ def test_the_rows_kernel_is_sdpas_attention_within_bfloat16_rounding(width, span
                        rows_kernel(query, key, value, additive, 0.125))
 
 
+@pytest.mark.skipif(not quantized.amx(), reason="no AMX here: the layer attends by sdpa")
+@pytest.mark.parametrize("width", [1, 3, 17])
+def test_the_compiled_layer_attends_by_the_kernel_as_by_sdpa(width):
+    """models/compiled.py's one-row layer with `kernel` (bfloat16, head dim 64, on AMX) gives
+    sdpa's layer within bfloat16's rounding, SmolLM2's heads (9 over 3), its K and V written
+    the same, the cache a view of a wider store at a start off the tiles' multiples."""
+    from autospec.models.compiled import one_row_layer
+    gen = torch.Generator().manual_seed(width)
+    hidden, heads, kv_heads, dim, inner = 576, 9, 3, 64, 256
+
+    def weight(n, k):
+        return (torch.randn(n, k, generator=gen) * k ** -0.5).to(torch.bfloat16)
+    weights = (torch.ones(hidden, dtype=torch.bfloat16), torch.ones(hidden, dtype=torch.bfloat16),
+               weight((heads + 2 * kv_heads) * dim, hidden), weight(hidden, heads * dim),
+               weight(2 * inner, hidden), weight(hidden, inner))
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    x = torch.randn(width, hidden, generator=gen).to(torch.bfloat16)
+    start, capacity = 93, 160
+    past = [torch.randn(1, kv_heads, capacity, dim, generator=gen).to(torch.bfloat16)
+            for _ in range(2)]
+    outs, caches = [], []
+    for kernel in (False, True):
+        key, value = (t.clone() for t in past)
+        with torch.inference_mode():
+            outs.append(one_row_layer(x, start, inv_freq, key, value, weights, 1e-5, kernel))
+        caches.append((key, value))
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=3e-2, rtol=1.6e-2)
+
+
 def test_rows_attend_padded_as_wide_as_one_pass_of_the_kernel():
     """A batch's rows of a model whose rows run the kernel attend padded up to a key/value
     head's queries in one pass (9 query heads over 3: 5 wide); a float32 model's, a model of
