@@ -63,7 +63,8 @@ def best_batch(means: list[list[float]], draft_seconds: list[float], prices: Pri
 
     One row at its measured forward sizes (`Prices.table`) is the same objective over a prefix
     of one row, which `decide.best_k` walks once rather than by Dinkelbach's rounds."""
-    if len(means) == 1 and max_seconds is None and not riding and len(means[0]) < len(prices.table):
+    if (len(means) == 1 and max_seconds is None and not riding
+            and len(means[0]) < len(prices.table)):
         plain = 1.0 / prices.step(0)
         rate, k = best_k(means[0], draft_seconds[0], prices.table, len(means[0]))
         return (rate, [k]) if rate > plain else (plain, [0])

@@ -154,9 +154,7 @@ def one_pass_width(group: int, head_dim: int, dtype: torch.dtype) -> int:
     5), since a pass reads each row's K and V once whatever its queries and the second pass of
     `two_passes` reads the wide rows' again (16 SmolLM2 rows, one or two of them 5 wide, ms:
     35.5 / 36-39 padded against 38-39 / 39-40); else 0."""
-    if dtype != torch.bfloat16 or head_dim != KERNEL_DIM or not quantized.amx():
-        return 0
-    return ONE_PASS // group
+    return ONE_PASS // group if kernel_attends(dtype, head_dim) else 0
 
 
 def two_passes(rows: int, wide: int, width: int) -> bool:
@@ -193,6 +191,15 @@ KERNEL_DIM, KERNEL_QUERIES = 64, 64
 ONE_PASS = 16  # a key/value head's queries the kernel attends in one pass (attention.cpp LANES)
 
 
+def kernel_attends(dtype: torch.dtype, head_dim: int, queries: int = ONE_PASS) -> bool:
+    """Whether this process's autospec::rows_attention attends `queries` queries a key/value
+    head (its query heads x a row's positions) of `dtype` and `head_dim`: bfloat16, KERNEL_DIM,
+    at most KERNEL_QUERIES, on AMX — the rule grouped_attention, one_pass_width and the
+    compiled one-row layer (models/compiled.py) all go by."""
+    return (dtype == torch.bfloat16 and head_dim == KERNEL_DIM and queries <= KERNEL_QUERIES
+            and quantized.amx())
+
+
 def grouped_attention(query, key, value, mask, scaling: float | None) -> torch.Tensor:
     """softmax(q k^T * scaling + mask) v for n rows of a few query positions (n, H, T, D) over
     their caches (n, H_kv, span, D) under their additive or boolean mask (n, 1, T, >= span;
@@ -214,10 +221,9 @@ def grouped_attention(query, key, value, mask, scaling: float | None) -> torch.T
     n, heads, width, dim = query.shape
     kv_heads, span = key.shape[1], key.shape[2]
     group = heads // kv_heads
-    if (n > 1 and mask is not None and dim == KERNEL_DIM and group * width <= KERNEL_QUERIES
-            and query.dtype == torch.bfloat16 and key.dtype == torch.bfloat16
+    if (n > 1 and mask is not None and key.dtype == query.dtype
             and key.stride(-1) == 1 and key.stride(-2) == dim and value.stride(-1) == 1
-            and value.stride(-2) == dim and quantized.amx()):
+            and value.stride(-2) == dim and kernel_attends(query.dtype, dim, group * width)):
         return rows_kernel(query, key, value, mask, scaling)
     return sdpa_grouped(query, key, value, mask, scaling)
 

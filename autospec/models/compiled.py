@@ -115,9 +115,8 @@ class OneRowGraph:
         rows_kernel: bfloat16, head dim 64, every verify's queries in one kernel pass, AMX)
         rather than sdpa: one row over 200-400 positions, SmolLM2's heads, us a layer (sdpa /
         kernel): 1 token 17-23 / 11-14, 3 tokens 22-29 / 11-15, 9 tokens 34-43 / 19-26."""
-        from autospec.models.attention import KERNEL_DIM, KERNEL_QUERIES
-        return (dtype == torch.bfloat16 and self.head_dim == KERNEL_DIM
-                and self.group * widest(self.int4) <= KERNEL_QUERIES and quantized.amx())
+        from autospec.models.attention import kernel_attends
+        return kernel_attends(dtype, self.head_dim, self.group * widest(self.int4))
 
     def prepare(self, dtype: torch.dtype) -> None:
         """Every bucket's library loaded (compiled first where none is kept)."""
@@ -183,8 +182,8 @@ class OneRowGraph:
             capacity = Dim("capacity", min=2, max=1 << 20)
             width = Dim("width", min=2, max=wide) if which else None
             program = torch.export.export(
-                _Exported(self.eps, self.kernel(dtype)), (x, torch.tensor(3), self.inv_freq, key, value,
-                                      self.weights[0]),
+                _Exported(self.eps, self.kernel(dtype)),
+                (x, torch.tensor(3), self.inv_freq, key, value, self.weights[0]),
                 dynamic_shapes=({0: width} if width else None, None, None, {2: capacity},
                                 {2: capacity}, [None] * len(self.weights[0])),
                 strict=False,
@@ -281,7 +280,9 @@ def one_row_layer(x: torch.Tensor, start: int, inv_freq: torch.Tensor, key_store
     angles = torch.cat((angles, angles), -1)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (T, head_dim)
     mask = None
-    if width > 1 and not kernel:  # query t sees positions <= start + t; each key/value head's group of queries
+    # query t sees positions <= start + t (the kernel counts them, sdpa takes a mask: each
+    # key/value head's group of queries)
+    if width > 1 and not kernel:
         seen = torch.arange(span, device=x.device)[None, :] <= positions[:, None]
         mask = torch.zeros((width, span), dtype=x.dtype, device=x.device)
         mask = mask.masked_fill(~seen, torch.finfo(x.dtype).min)

@@ -14,8 +14,8 @@
 // - 8-bit (`pack8`): per input 16 bytes (output j's value in byte j), then the 16 row scales.
 // The inner loops are a fused multiply-add per row and 16 outputs, four chains a row. On a CPU
 // with AMX, more rows go through the tile unit (tile4_amx from AMX_FROM rows, tile_wide from
-// WIDE_FROM / WIDE8_FROM). Within each path a row's arithmetic is
-// the same whatever M: a row's output is the same bits in any batch on that path.
+// WIDE_FROM / WIDE8_FROM). Within each path a row's arithmetic is the same whatever M: a row's
+// output is the same bits in any batch on that path.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -137,8 +137,8 @@ void tile8(const float* x, const float*, const int8_t* w, int64_t K, uint16_t* o
 // more than one.
 bool use_amx = false;
 // from this many rows AMX is faster than tile4 (SmolLM2's 30 layers, streamed, 2 threads, ms,
-// AMX / tile4: 1 row 3.0-3.3 / 2.5-2.7, 2 rows 3.3-3.6 / 3.2-3.5, 3 rows 3.4-3.6 / 4.2-4.5,
-// 5 rows 3.8-4.1 / 5.6-6.3, 9 rows 5.0-5.6 / 11.6)
+// AMX / tile4: 1 row 3.0-3.3 / 2.5-2.7, 2 rows 3.4-3.6 / 3.4-3.6, 3 rows 3.45-3.55 / 4.2-4.5,
+// 5 rows 3.7-3.9 / 5.6-6.3, 9 rows 4.75-5.0 / 11.6)
 constexpr int64_t AMX_FROM = 3;
 
 struct alignas(64) TileConfig {
@@ -250,11 +250,11 @@ __attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
 // products accumulate over every block and are stored once a tile — no per-block store and
 // scale for every 16 rows, which made two passes of 16 cost 1.5x one
 constexpr int64_t WIDE_ROWS = 64;
-// from this many rows the wide kernel is faster (SmolLM2's 30 layers, streamed, 2 threads, ms,
-// wide / tile4_amx: 9 rows 5.4 / 5.0-5.6, 10 5.6 / 5.2, 11 5.5 / 5.4, 12 5.6-5.8 / 5.7, 14
-// 5.7 / 6.1, 16 5.8 / 8.1; 24 5.5, 32 6.8, 64 9.6, where two passes of tile4_amx took 12.8 at 17
-// and oneDNN in bfloat16 13.1 at 16, 17.0 at 64)
-constexpr int64_t WIDE_FROM = 12;
+// from this many rows the wide kernel is as fast (SmolLM2's 30 layers, streamed, 2 threads, ms,
+// wide / tile4_amx: 12 rows 5.5-5.6 / 5.2, 13 5.6 / 5.25, 14 5.8 / 5.5, 16 5.8 / 5.8; 24 5.5, 32
+// 6.8, 64 9.6, where two passes of tile4_amx took 12.8 at 17 and oneDNN in bfloat16 13.1 at
+// 16, 17.0 at 64)
+constexpr int64_t WIDE_FROM = 16;
 // and for an 8-bit weight (its values exact in bfloat16; SmolLM2's head streamed, 2 threads, ms,
 // wide / tile8: 2 rows 0.90 / 0.76, 4 0.95-0.99 / 1.05, 8 1.17-1.21 / 1.80; 16 1.4-1.5, 64 2.3-2.5,
 // where oneDNN in bfloat16 took 2.8 at 16)
@@ -268,7 +268,8 @@ __attribute__((target("avx512bf16"))) inline void amx_dequant(const uint8_t* q,
   // a chunk's bytes 0-15 are outputs 0-7's (two bytes an output), 16-31 outputs 8-15's
   const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
-  const __m512 scale0 = _mm512_permutexvar_ps(first, scale), scale1 = _mm512_permutexvar_ps(second, scale);
+  const __m512 scale0 = _mm512_permutexvar_ps(first, scale);
+  const __m512 scale1 = _mm512_permutexvar_ps(second, scale);
   const __m512 offset0 = _mm512_permutexvar_ps(first, offset);
   const __m512 offset1 = _mm512_permutexvar_ps(second, offset);
   const __m512i nibble = _mm512_set1_epi32(0xF);
@@ -441,20 +442,25 @@ at::Tensor product(const char* op, const at::Tensor& x_in, const at::Tensor& til
   // the wide path reads x as it is (bfloat16): nothing below is its
   if (use_amx && M >= (sums_needed ? WIDE_FROM : WIDE8_FROM))
     return mm_wide(x16, tiles, M, K, N, out, sums_needed ? TILES4_WIDE : TILES8_WIDE);
-  // x in float32, and its sum over each block of GROUP inputs (a 4-bit weight's zeros' term)
+  // x's sum over each block of GROUP inputs (a 4-bit weight's zeros' term), in float32
   const int64_t blocks = K / GROUP;
-  std::vector<float> x(M * K), sums(sums_needed ? M * blocks : 0);
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(x16.data_ptr());
-  for (int64_t i = 0; i < M * K; ++i) {
+  auto as_float = [bits](int64_t i) {
     uint32_t b = uint32_t(bits[i]) << 16;
-    std::memcpy(&x[i], &b, 4);
-  }
-  for (int64_t i = 0; i < int64_t(sums.size()); ++i) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  std::vector<float> sums(sums_needed ? M * blocks : 0);
+  for (int64_t i = 0; i < int64_t(sums.size()); ++i) {  // row i / blocks, block i % blocks
     float s = 0;
-    for (int64_t k = 0; k < GROUP; ++k) s += x[i * GROUP + k];  // row i / blocks, block i % blocks
+    for (int64_t k = 0; k < GROUP; ++k) s += as_float(i * GROUP + k);
     sums[i] = s;
   }
   if (sums_needed && use_amx && M >= AMX_FROM) return int4_mm_amx(x16, sums, tiles, M, K, N, out);
+  // the AVX-512 path reads x in float32 (the AMX one as it is)
+  std::vector<float> x(M * K);
+  for (int64_t i = 0; i < M * K; ++i) x[i] = as_float(i);
   const T* w = static_cast<const T*>(tiles.data_ptr());
   const int64_t stride = tiles.size(1);
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr());

@@ -9,12 +9,12 @@ up to eight rows, prefetching ahead, its inner loop a fused multiply-add per row
 weight's values in float32, a 4-bit block's scale and zero (an 8-bit row's scale) applied once
 (its header says how). From 3 rows, on a CPU with AMX, a 4-bit weight's values go through the
 tile unit instead: their conversion is per weight, not per row (two bit operations a row of
-the tile's operand: `pack4`'s layout), and the vector work and the tile products overlap, so 11
-rows cost little more than 3; from 12, each block's values are dequantized once for up to 64
+the tile's operand: `pack4`'s layout), and the vector work and the tile products overlap, so 15
+rows cost little more than 3; from 16, each block's values are dequantized once for up to 64
 rows, so the tile products add up over the whole weight. Weights streamed from memory, 2
 threads, ms (torch's / these):
-- SmolLM2's 30 layers' products at int4: 1 row 3.8 / 2.5-2.7, 3 rows 5.7 / AMX 3.4-3.6, 5 rows
-  11.6 / AMX 3.8-4.1, 8 rows 12.5 / AMX 4.9, 16 rows (oneDNN in bfloat16) 13.1 / AMX 5.8, 17
+- SmolLM2's 30 layers' products at int4: 1 row 3.8 / 2.5-2.7, 3 rows 5.7 / AMX 3.45-3.55, 5
+  rows 11.6 / AMX 3.7-3.9, 8 rows 12.5 / AMX 4.7, 16 rows (oneDNN in bfloat16) 13.1 / AMX 5.8, 17
   rows (oneDNN) 14.0 / AMX 5.4, 32 rows 14.7 / AMX 6.8;
 - its 8-bit head: 1 row 2.4 / 1.1, 3 rows 2.8 / 1.0, 5 rows 4.5 (oneDNN in bfloat16 2.4) / 1.4
   (AMX 1.0), 16 rows (oneDNN) 2.8 / AMX 1.4.
@@ -29,7 +29,7 @@ and `int8_forms` give whichever forms the process runs, `mm` takes any, `widest`
 rows they pay for.
 
 Lossless: a row's output is the same bits at any row count on one path (each row's arithmetic
-is its own; the 4-bit kernel's paths are, on AMX, 1-2 rows, 3-11 and 12-64), and it is the
+is its own; the 4-bit kernel's paths are, on AMX, 1-2 rows, 3-15 and 16-64), and it is the
 weight's product within bfloat16's rounding, as torch's kernels' are
 (tests/models/test_quantized.py).
 """
@@ -79,7 +79,7 @@ def available() -> bool:
 # the most rows a product runs by these kernels: from one more, oneDNN over the weight's values
 # in bfloat16 (products.py) is faster. Weights streamed, 2 threads, ms (this kernel / oneDNN):
 # SmolLM2's 30 layers at int4 5 rows 6.5 / 12.3, 8 9.2 / 12.7, 9 11.4 / 12.2, 12 13.7 / 12.5; on
-# AMX 16 rows 5.6 / 13.1, 17 5.4 / 14.0, 32 6.8 / 14.7, 64 9.6 / 17.0 (from 12 rows each block
+# AMX 16 rows 5.6 / 13.1, 17 5.4 / 14.0, 32 6.8 / 14.7, 64 9.6 / 17.0 (from 16 rows each block
 # dequantized once for up to 64 rows: one pass, no step in the cost at 17 rows, where two
 # passes of 16 took 12.8) — so a verify at the default k_max stays compiled, and a batch's step
 # costs about its tokens up to 64; its 8-bit head 8 rows 2.0 / 2.4 (over 8 rows a tile is read
@@ -87,8 +87,8 @@ def available() -> bool:
 WIDEST = {4: 11, 8: 8}
 AMX_WIDEST = 64
 # the rows from which quantized.cpp's AMX paths run a 4-bit weight (its AMX_FROM, WIDE_FROM): a
-# row's bits are the same at any row count within each path (1-2, 3-11, 12-64)
-AMX_FROM, AMX_WIDE_FROM = 3, 12
+# row's bits are the same at any row count within each path (1-2, 3-15, 16-64)
+AMX_FROM, AMX_WIDE_FROM = 3, 16
 # torch's: the int4 kernel reads a weight once per 4 rows; the 8-bit one is slower than oneDNN
 # in bfloat16 from 2 rows (SmolLM2's head, ms, 8-bit / oneDNN: 1 row 2.1 / 4.9, 3 rows 3.9 / 4.7)
 TORCH_WIDEST = {4: 4, 8: 1}

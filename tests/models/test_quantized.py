@@ -74,8 +74,8 @@ def test_the_8bit_product_is_the_weights_within_bfloat16_rounding(rows):
 
 
 def test_a_rows_bits_are_the_same_in_any_batch():
-    """On one path: the int4 kernel's 1-2 rows, 3-11 and 12-64 (on AMX, where the CPU has it,
-    a tile product's sum in another order, and from 12 each block's values dequantized before
+    """On one path: the int4 kernel's 1-2 rows, 3-15 and 16-64 (on AMX, where the CPU has it,
+    a tile product's sum in another order, and from 16 each block's values dequantized before
     it); the 8-bit kernel's 1-3 rows and 4-64 (on AMX)."""
     x = torch.randn(19, 96).to(torch.bfloat16)
     int4_forms = quantized.int4_forms(_blocks(64, 96, seed=1))

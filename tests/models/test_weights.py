@@ -88,7 +88,7 @@ def test_int4_products_are_the_blocks_values_and_rows_do_not_interact():
             want = torch.cat([x[:rows].float() @ b.t() for b in blocks], -1)
             torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0.01)
         few = Product(gate, up)(x[:widest])
-        # a row is a row of several on one path (test_quantized): on AMX 3-11 rows and 12-widest
+        # a row is a row of several on one path (test_quantized): on AMX 3-15 rows and 16-widest
         wide = quantized.AMX_WIDE_FROM if quantized._STATE["amx"] else widest
         for first, last in ((quantized.AMX_FROM, min(wide, widest) - 1), (wide, widest)):
             whole = Product(gate, up)(x[:last])
