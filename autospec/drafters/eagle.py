@@ -24,7 +24,7 @@ import torch
 
 from autospec.drafters.contract import Draft, register
 from autospec.drafters.draft_model import BatchDraftModel, DraftRow, OneRowDrafter
-from autospec.models.forward import head_scores
+from autospec.models.forward import head_one_row, head_scores
 from autospec.models.kv import RowCache
 from autospec.models.weights import stored_bytes
 
@@ -109,7 +109,13 @@ class BatchEagle:
     def _forward(self, slots: list[int], tokens: list[list[int]],
                  features: list[torch.Tensor]) -> torch.Tensor:
         """The head's prediction after each row's last pair, (n, D): one forward, rows
-        right-padded, each at its own offset in the head's cache."""
+        right-padded, each at its own offset in the head's cache (one row: compiled, where
+        models/forward.py's head_one_row runs)."""
+        if len(slots) == 1:
+            predicted = head_one_row(self.head, tokens[0], features[0], self.cache, slots[0])
+            if predicted is not None:
+                self.forwards += 1
+                return predicted[-1:]
         counts = [len(t) for t in tokens]
         width = max(counts)
         position_ids, mask = self.cache.bind(slots, counts, self.max_positions)
@@ -121,9 +127,10 @@ class BatchEagle:
             ids[i, :len(row_tokens)] = torch.tensor(row_tokens)
             feats[i, :len(row_tokens)] = row_features
         try:
-            # pair t sits at position t + 1 (it predicts the feature there); the cache's own
-            # positions start at 0, so one more
-            predicted = self.head(ids, feats, position_ids + 1, mask, cache)
+            # pair t sits in cache position t and is rotated there (training places it at
+            # t + 1: attention sees only differences of positions, so the function is the
+            # same; head_one_row places them alike)
+            predicted = self.head(ids, feats, position_ids, mask, cache)
         finally:
             cache.bound = None
         self.forwards += 1

@@ -210,7 +210,7 @@ class _Exported(torch.nn.Module):
     def forward(self, x, start, inv_freq, key_store, value_store, weights):
         start = start.item()
         torch._check(start >= 0)
-        for store in (key_store, value_store):  # what RowCache._room ensures: the row fits
+        for store in (key_store, value_store):  # what RowCache.reserve ensures: the row fits
             torch._check(start + x.shape[0] <= store.shape[2])
         return one_row_layer(x, start, inv_freq, key_store, value_store, weights, self.eps,
                              self.kernel)

@@ -208,11 +208,11 @@ class RowCache(Cache):
         (plan.place), until its caller sets `bound` back to None. Returns position_ids (n, T)
         and the additive mask (n, 1, T, span)."""
         batch = place(self.lengths, slots, n_tokens, position_limit, self.dtype, self.device)
-        self._room(batch.span)
+        self.reserve(batch.span)
         self.bound = batch
         return batch.position_ids, batch.mask
 
-    def _room(self, span: int) -> None:
+    def reserve(self, span: int) -> None:
         """Every slot's store holds `span` positions (grown, the cached ones copied)."""
         if span > self.max_len:
             raise ValueError(f"a row would reach position {span}; rows hold {self.max_len} (max_len)")

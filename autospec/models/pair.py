@@ -219,7 +219,8 @@ def load_pair(target: str | None = None, draft: str | None = None,
     # imported where used, as below: forward's model code costs ~3 s to import, build's ~4 s,
     # and a process that only fetches or names pairs needs neither
     from autospec.models.forward import prepare_compiled
-    prepare_compiled(target_model, draft_model, exit_model)  # before any step (models/compiled.py)
+    # before any step (models/compiled.py)
+    prepare_compiled(target_model, draft_model, exit_model, head=eagle_model)
     return ModelPair(target_model, tokenizer, draft_model, target, draft, exit_model, eagle_model)
 
 

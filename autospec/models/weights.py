@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from autospec.models import AUTO, BLOCKS_FILE, FORMATS
+from autospec.models.shared_draft import SubsetHead
 
 GROUP = 32  # weights per block: Q4_0's and Q4_1's, and the int4 kernel's group size
 
@@ -136,13 +137,25 @@ def apply(model: nn.Module, name: str, blocks: dict[str, Int4Blocks] | None = No
             with torch.no_grad():
                 module.weight.data = found.dequantize(torch.bfloat16)
         head = getattr(model, "lm_head", None)
-        if quantizable(head) and int8_of(head) is None:
+        if _head_quantizable(head) and int8_of(head) is None:
             _head_int8(head)
     model.__dict__["_autospec_weights"] = name
     return model
 
 
-def _head_int8(head: nn.Linear) -> None:
+def _head_quantizable(head: nn.Module | None) -> bool:
+    """A head `_head_int8` takes: a quantizable Linear, or a subset head (a shared draft's or
+    feature head's rows of the target's head, models/shared_draft.py SubsetHead: its rows'
+    8-bit values and scales are the target head's own, each row quantized alone). A feature
+    head's 8,192 rows in 8 bits: 0.11 against 0.28 ms a drafted token's scores, SmolLM2."""
+    if quantizable(head):
+        return True
+    weight = getattr(head, "weight", None)
+    return (isinstance(head, SubsetHead) and isinstance(weight, torch.Tensor)
+            and weight.dim() == 2 and weight.shape[1] % GROUP == 0 and weight.shape[0] % 16 == 0)
+
+
+def _head_int8(head: nn.Module) -> None:
     """The head in 8 bits, one scale a row (torch's 8-bit kernel's form): its weight becomes
     their values in bfloat16, its own tensor (a head tied to the embedding is untied: the
     embedding keeps its values). SmolLM2's GGUF holds its head as Q8_0 (a scale per 32); a

@@ -101,3 +101,39 @@ def test_a_process_that_cannot_compile_runs_eager_after_one_warning(compiling, r
     eager = _logits(compiling, ids, [len(ids) - 5, 1, 3, 1])
     assert torch.equal(got, eager)
     assert compiled.one_row_graph(_plan(compiling), "x") is None  # a new model: eager, silent
+
+
+def test_a_feature_heads_one_row_drafting_runs_compiled_as_eager(compiling):
+    """The eagle drafter's one-row forwards (a few pairs after an accept, one drafted token)
+    run the compiled layer (forward.py head_one_row) and predict eager's features; a prompt's
+    pairs, wider than a verify, run eager, into the same cache."""
+    from autospec.drafters.eagle import BatchEagle
+    from autospec.models.eagle_head import EagleHead
+    from autospec.models.forward import _HeadPlan
+    torch.manual_seed(0)
+    head = EagleHead(compiling, torch.arange(0, compiling.config.vocab_size, 5)).eval()
+    with torch.no_grad():  # away from fc's [I, I] / 2 start, so each half counts
+        head.fc.weight.add_(0.1 * torch.randn_like(head.fc.weight))
+    width = head.config.hidden_size
+    ids, features = torch.randint(0, 100, (40,)).tolist(), torch.randn(40, width)
+    feeds = [30, 3, 1, 1, 4, 1]
+
+    def predicted() -> list[torch.Tensor]:
+        drafter, out, at = BatchEagle(head, 1, 64), [], 0
+        with torch.inference_mode():
+            for n in feeds:
+                out.append(drafter._forward([0], [ids[at:at + n]], [features[at:at + n]]))
+                drafter.cache.lengths[0] += n
+                at += n
+        return out
+
+    plan = _plan(head, _HeadPlan)
+    graph, plan.graph = plan.graph, None
+    eager = predicted()
+    plan.graph = graph
+    assert graph is not None
+    got = predicted()
+    assert graph.runners  # it ran compiled
+    for a, b in zip(got, eager):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    _PLANS.pop(head, None)

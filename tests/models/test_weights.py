@@ -130,6 +130,26 @@ def test_the_8_bit_head_runs_the_8_bit_kernel_for_a_few_rows_its_values_for_more
     assert (product(x).float() - torch.nn.functional.linear(x, head.weight).float()).abs().max() < 0.1
 
 
+def test_a_subset_head_at_int4_is_the_targets_8_bit_rows_and_runs_the_8_bit_kernel():
+    """A feature head's (or shared draft's) rows of the target's head: at int4 their 8-bit
+    values and scales are the target head's own rows (each row quantized alone), and its
+    scores run the 8-bit kernel."""
+    from autospec.models.eagle_head import EagleHead
+    from autospec.models.forward import head_scores
+    pair = load_pair(weights="float32", with_draft=False)
+    ids = torch.arange(0, pair.target.config.vocab_size, 3)[:64]
+    head = EagleHead(pair.target, ids).eval()
+    weights.apply(pair.target, "int4")
+    weights.apply(head, "int4")
+    values, scales = weights.int8_of(head.lm_head)
+    target_values, target_scales = weights.int8_of(pair.target.lm_head)
+    assert torch.equal(values, target_values[ids]) and torch.equal(scales, target_scales[ids])
+    x = torch.randn(3, head.config.hidden_size).to(torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(head_scores(head, x),
+                           quantized.mm(x, quantized.int8_forms(values, scales)))
+
+
 # --- lossless at each format ------------------------------------------------------------------
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft-model", "early-exit"])
