@@ -59,8 +59,8 @@ class BatchDraftModel:
     def pick(logits: torch.Tensor, ctx: DraftContext) -> tuple[int, torch.Tensor | None]:
         """Next draft token from (V,) logits, and the distribution it was drawn from (None
         under greedy decoding)."""
-        if ctx.sampling.greedy:
-            return int(logits.argmax()), None
+        if ctx.sampling.greedy:  # argmax's index by max (engine/accept.py: 4x sooner on the CPU)
+            return int(logits.max(-1).indices), None
         token_probs = probs_from_logits(logits, ctx.sampling)
         return sample(token_probs, ctx.generator), token_probs
 
