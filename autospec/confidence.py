@@ -211,11 +211,16 @@ class StopRule:
 
     def cut(self, confidences: list[float]) -> int:
         """How many of a draft's tokens the rule keeps (the draft already made: replay)."""
+        return self.run(confidences)[0]
+
+    def run(self, confidences: list[float]) -> tuple[int, int]:
+        """(tokens kept, tokens drafted) of a drafting the rule stops over a draft already
+        made (replay): a dropped token was drafted, its forward run, and is not kept."""
         g = 1.0
         for j, c in enumerate(confidences):
             g = self.survival(g, j, c)
             if g < self.keep:
-                return j
+                return j, j + 1
             if g < self.go:
-                return j + 1
-        return len(confidences)
+                return j + 1, j + 1
+        return len(confidences), len(confidences)

@@ -136,12 +136,14 @@ class RecordedEngine(Host):
                 confidences = peeked.draft.confidences
             elif k:
                 # a model drafter: its recorded confidences, cut by the decision's StopRule
-                # as the live drafting cuts it (charged only what it drafts)
+                # as the live drafting cuts it, charged what it drafts (a dropped token's
+                # forward too)
                 confidences = (recorded.confidence or {}).get(name, {})
                 confidences = confidences[at][:made] if confidences else None
+                forwards = made
                 if confidences is not None and request.stop is not None:
-                    made = request.stop.cut(confidences)
-                drafted = self.trace.draft_seconds_per_token.get(name, 0.0) * made
+                    made, forwards = request.stop.run(confidences)
+                drafted = self.trace.draft_seconds_per_token.get(name, 0.0) * forwards
                 self.now += drafted
                 seconds += drafted
             # (a look-up that proposes less than the trace recorded: a trace made by hand)

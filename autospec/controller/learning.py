@@ -148,7 +148,9 @@ class Learning:
             cost.observe_prefill(record.drafter, record.draft_seconds, record.proposed,
                                  record.context_tokens)
         else:
-            cost.observe_draft(record.drafter, record.draft_seconds, record.proposed)
+            # per token kept: a drafting whose StopRule dropped its first token kept none and
+            # still ran a forward, charged as one (its seconds are what drafting there costs)
+            cost.observe_draft(record.drafter, record.draft_seconds, max(record.proposed, 1))
         # an empty proposal counts as a rejection at position 0: it bought nothing
         pooled_too = POOLED not in workloads  # the daemon folds POOLED itself
         for workload in workloads:

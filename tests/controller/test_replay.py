@@ -249,16 +249,16 @@ def _replay_digests() -> dict[str, str]:
 
 
 PINNED_DIGESTS: dict[str, str] = {
-    'heldout.json adaptive': '1a5d315524a043a6',
-    'heldout.json adaptive:policies/default.yaml': '1a5d315524a043a6',
-    'heldout.json adaptive:policies/mixed.yaml': '60bd87aab2b5b0b0',
+    'heldout.json adaptive': '8b0418c965d32502',
+    'heldout.json adaptive:policies/default.yaml': '8b0418c965d32502',
+    'heldout.json adaptive:policies/mixed.yaml': '9e1d4729e9e32959',
     'heldout.json ctl:ema': '209c133caf495c4c',
     'heldout.json ctl:fixed:ngram:3': '77663757065c52ec',
     'heldout.json ctl:hf-heuristic': '6ff922a7a35c2180',
     'heldout.json plain': '14b5231eecd24b66',
     'heldout.json static:ngram:4': '7433d2e083db39c8',
     'heldout.json tuned': '53b6ce5a362eeffe',
-    'heldout.json warm': '6d87c974b3e411b1',
+    'heldout.json warm': '7b079c9367266282',
     'mixed.json adaptive': 'c4bf7d49e0aef8be',
     'mixed.json adaptive:policies/default.yaml': 'c4bf7d49e0aef8be',
     'mixed.json adaptive:policies/mixed.yaml': '6a9e70b0c4368e34',
@@ -279,8 +279,8 @@ PINNED_DIGESTS: dict[str, str] = {
     'reference.json static:ngram:4': '480d67b7c2608bb2',
     'reference.json tuned': '2883b2d4324b025c',
     'reference.json warm': '88e64fcc113674e7',
-    'smollm2-chat.json adaptive': 'eeed58d2827b19a2',
-    'smollm2-chat.json adaptive:policies/default.yaml': 'eeed58d2827b19a2',
+    'smollm2-chat.json adaptive': 'b45a42aa2e8bce54',
+    'smollm2-chat.json adaptive:policies/default.yaml': 'b45a42aa2e8bce54',
     'smollm2-chat.json adaptive:policies/mixed.yaml': 'a7852b0594e7cbd9',
     'smollm2-chat.json ctl:ema': 'd48af6a933db771e',
     'smollm2-chat.json ctl:fixed:ngram:3': 'b32e13f65e9f6408',
@@ -288,7 +288,7 @@ PINNED_DIGESTS: dict[str, str] = {
     'smollm2-chat.json plain': '6a3305deb0435767',
     'smollm2-chat.json static:ngram:4': 'fdd889dda9ae0884',
     'smollm2-chat.json tuned': '3aea9bf04ff3359d',
-    'smollm2-chat.json warm': '63e40219a7264134',
+    'smollm2-chat.json warm': '7f709d11df6d29d6',
 }
 
 
