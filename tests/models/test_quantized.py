@@ -105,6 +105,26 @@ def test_bad_input_is_refused_with_what_is_wrong():
         torch.ops.autospec.int8_mm(torch.randn(2, 96).to(torch.bfloat16), tiles8, 32)
 
 
+def test_rows_argmax_is_torchs_argmax_ties_nans_and_infinities_included():
+    """Greedy accept's pick (engine/accept.py): the first maximal value's index, a NaN the
+    largest (its first), rows of any length (a tail past 16), the same as torch's argmax."""
+    torch.manual_seed(0)
+    for trial in range(400):
+        width = (49152, 37, 16, 100, 1)[trial % 5]
+        x = torch.randint(-3, 4, (1 + trial % 7, width)).to(torch.bfloat16)  # ties everywhere
+        if trial % 3 == 0:
+            x[0, trial % width] = float("nan")
+            x[-1, -1] = float("nan")
+        if trial % 17 == 0:
+            x[:] = -float("inf")
+        if trial % 19 == 0:
+            x = torch.zeros_like(x)
+            x[:, ::2] = -0.0
+        assert torch.equal(quantized.rows_argmax(x), x.argmax(-1)), trial
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        torch.ops.autospec.rows_argmax(torch.randn(2, 8))
+
+
 def test_pack_layout_and_shape():
     blocks = _blocks(48, 64)
     (tiles,) = quantized.int4_forms(blocks)
