@@ -231,16 +231,22 @@ def step_products(model: nn.Module) -> list[tuple[str, "Product", int]]:
 
 def prepare_compiled(*models: nn.Module | None, head: nn.Module | None = None) -> None:
     """Load (or compile, the first time) the compiled one-row libraries of each model this
-    forward computes, and of a feature head's layer (`head`), now rather than in its first
-    step (a draft model's first use would otherwise compile inside a timed run). Nothing
-    where compiling is off."""
-    graphs = [(_plan(model).graph, model.get_input_embeddings().weight.dtype)
-              for model in models if model is not None and fits(model)]
+    forward computes, and of a feature head's layer (`head`), and make every product's weight
+    forms (Product.prepare), now rather than in its first step (a draft model's first use
+    would otherwise compile inside a timed run, and a first prompt pack its weights). No
+    library where compiling is off."""
+    plans = [_plan(model) for model in models if model is not None and fits(model)]
     if head is not None and head_fits(head):
-        graphs.append((_plan(head, _HeadPlan).graph, head.embed.weight.dtype))
-    for graph, dtype in graphs:
-        if graph is not None:
-            graph.prepare(dtype)
+        plans.append(_plan(head, _HeadPlan))
+    for plan in plans:
+        if plan.graph is not None:
+            plan.graph.prepare(plan.embed.weight.dtype)
+        products = [plan.head] + [product for layer in plan.layers
+                                  for product in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        if isinstance(plan, _HeadPlan):
+            products.append(plan.fc)
+        for product in products:
+            product.prepare()
 
 
 def ran_compiled(model: nn.Module) -> bool:
