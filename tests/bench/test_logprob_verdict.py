@@ -30,3 +30,13 @@ def test_a_parting_where_plain_was_sure_is_false():
     same, found = logprob_verdict(got, PLAIN, got_lp, PLAIN_LP)
     assert same is False and abs(found[0]["margin"] - 2.9) < 1e-9
     assert found[0]["limit"] == NEAR_TIE  # nothing agreed before it: no spread measured
+
+
+def test_the_spread_counts_every_token_both_runs_report_where_they_agree():
+    # the chosen token's log-probability moved by 0.05, the runner-up's by 0.2: a margin is
+    # two tokens' difference, so the limit is 0.4 and plain's 0.3 at the parting a near-tie
+    plain = [[5, 6]]
+    plain_lp = [[lp((5, -0.1), (9, -2.0)), lp((6, -0.5), (8, -0.8))]]
+    got, got_lp = [[5, 8]], [[lp((5, -0.15), (9, -2.2)), lp((8, -0.6), (6, -0.7))]]
+    same, found = logprob_verdict(got, plain, got_lp, plain_lp)
+    assert same == "near-tie" and abs(found[0]["limit"] - 0.4) < 1e-9
