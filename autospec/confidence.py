@@ -209,10 +209,6 @@ class StopRule:
         g = self.survival(survival, position, confidence)
         return g, g >= self.keep, g >= self.go
 
-    def cut(self, confidences: list[float]) -> int:
-        """How many of a draft's tokens the rule keeps (the draft already made: replay)."""
-        return self.run(confidences)[0]
-
     def run(self, confidences: list[float]) -> tuple[int, int]:
         """(tokens kept, tokens drafted) of a drafting the rule stops over a draft already
         made (replay): a dropped token was drafted, its forward run, and is not kept."""

@@ -42,26 +42,9 @@ class Product:
         floor = MIN_PACKED if x.numel() > x.shape[-1] else MIN_PACKED_ONE
         if not (weights.packs and weights.size >= floor and x.dtype == weights.dtype):
             return F.linear(x, weights.plain(modules))
-        rows = flat.shape[0]
-        if rows > ROW_BUCKET:  # a prompt's rows, padded to a bucket (ROW_BUCKET)
-            flat = F.pad(flat, (0, 0, 0, -rows % ROW_BUCKET))
         out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), weights.packed(modules), None,
                                                  "none", [], "")
-        return out[:rows].view(*x.shape[:-1], out.shape[-1])
-
-    def prepare(self) -> None:
-        """Make the weight's forms its products read (a quantized kernel's, the oneDNN copy
-        for many rows) now, not inside a first forward (SmolLM2's feature head over its
-        first 250 pairs: 24 ms unprepared, 20 prepared; 4.3 once its row counts' kernels are
-        compiled too, ROW_BUCKET): the controller prices a drafter's later start-ups by its
-        first."""
-        weights = self.weights
-        if weights.int4:
-            weights.int4_packed(self.modules)
-        if weights.int8 is not None:
-            weights.int8_packed()
-        if weights.packs and weights.size >= MIN_PACKED:
-            weights.packed(self.modules)
+        return out.view(*x.shape[:-1], out.shape[-1])
 
     def quantized(self, dtype: torch.dtype, rows: int) -> tuple[torch.Tensor, ...] | None:
         """The weight in a quantized kernel's forms where a product of `rows` rows of `dtype` runs
@@ -148,11 +131,6 @@ def _weights(modules: tuple[nn.Linear, ...]) -> _Weights:
 _PRODUCTS: "weakref.WeakKeyDictionary[nn.Module, dict[int, _Weights]]" = weakref.WeakKeyDictionary()
 
 
-# oneDNN compiles a kernel for each new row count (2-3 ms a product shape, kept after), so a
-# product of more rows than this runs padded to a multiple of it: every prompt length its own
-# count cost each request's prefill that compile (SmolLM2's feature head: 14 of its first 20 ms
-# over a 250-token prompt), where the padding's rows cost at most ROW_BUCKET - 1 rows' work
-ROW_BUCKET = 32
 # oneDNN's reorder takes the batch it is laid out for; 2-32 read SmolLM2's and the reference
 # pair's weights alike (within the spread) from 1 to 33 tokens, 1 at half that speed from 2
 # tokens up (GB/s of weight read, SmolLM2's MLP and head shapes, each hint against the others)

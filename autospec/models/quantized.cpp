@@ -54,6 +54,14 @@ inline __m512 bf16_to_f32(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
 
+// one bfloat16 (its bits) as a float: exact
+inline float bf16_at(const uint16_t* p, int64_t i) {
+  uint32_t bits = uint32_t(p[i]) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 inline __m256i f32_to_bf16(__m512 f) {  // round to nearest even, as torch's .to(bfloat16)
   __m512i b = _mm512_castps_si512(f);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
@@ -446,22 +454,16 @@ at::Tensor product(const char* op, const at::Tensor& x_in, const at::Tensor& til
   // x's sum over each block of GROUP inputs (a 4-bit weight's zeros' term), in float32
   const int64_t blocks = K / GROUP;
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(x16.data_ptr());
-  auto as_float = [bits](int64_t i) {
-    uint32_t b = uint32_t(bits[i]) << 16;
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
-  };
   std::vector<float> sums(sums_needed ? M * blocks : 0);
   for (int64_t i = 0; i < int64_t(sums.size()); ++i) {  // row i / blocks, block i % blocks
     float s = 0;
-    for (int64_t k = 0; k < GROUP; ++k) s += as_float(i * GROUP + k);
+    for (int64_t k = 0; k < GROUP; ++k) s += bf16_at(bits, i * GROUP + k);
     sums[i] = s;
   }
   if (sums_needed && use_amx && M >= AMX_FROM) return int4_mm_amx(x16, sums, tiles, M, K, N, out);
   // the AVX-512 path reads x in float32 (the AMX one as it is)
   std::vector<float> x(M * K);
-  for (int64_t i = 0; i < M * K; ++i) x[i] = as_float(i);
+  for (int64_t i = 0; i < M * K; ++i) x[i] = bf16_at(bits, i);
   const T* w = static_cast<const T*>(tiles.data_ptr());
   const int64_t stride = tiles.size(1);
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr());
@@ -503,12 +505,7 @@ int64_t row_argmax16(const uint16_t* x, int64_t v) {
     nan |= _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
     best = _mm512_max_ps(best, f);
   }
-  auto at = [x](int64_t i) {
-    uint32_t bits = uint32_t(x[i]) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  };
+  auto at = [x](int64_t i) { return bf16_at(x, i); };
   float top = body ? _mm512_reduce_max_ps(best) : -INFINITY;
   bool any_nan = nan != 0;
   for (int64_t i = body; i < v; ++i) {

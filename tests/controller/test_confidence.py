@@ -138,14 +138,13 @@ def test_the_stop_rule_keeps_a_token_while_it_pays_and_drafts_on_while_the_next_
     for b in range(BINS):  # a calibration that believes each confidence exactly
         sure.seen[b], sure.kept[b] = 1e9, 1e9 * (b + 0.5) / BINS
     rule = StopRule(sure, [0.5] * 8, keep=0.3, go=0.5)
-    assert rule.cut([0.975] * 8) == 8  # survival 0.975^8 = 0.82: every token pays
-    assert rule.cut([0.975, 0.425, 0.975, 0.975]) == 2  # 0.41: kept, but no later one pays
-    assert rule.cut([0.975, 0.275, 0.975]) == 1  # 0.27: not worth its verify, dropped
-    assert rule.cut([0.975, 0.525, 0.975]) == 3  # 0.51, then 0.499: kept, and the last
-    # what replay charges: a dropped token's forward ran (drafted), a stop after one did not
+    assert rule.run([0.975] * 8)[0] == 8  # survival 0.975^8 = 0.82: every token pays
+    assert rule.run([0.975, 0.425, 0.975, 0.975])[0] == 2  # 0.41: kept, but no later one pays
+    assert rule.run([0.975, 0.275, 0.975])[0] == 1  # 0.27: not worth its verify, dropped
+    assert rule.run([0.975, 0.525, 0.975])[0] == 3  # 0.51, then 0.499: kept, and the last
+    # and what replay charges: a dropped token's forward ran (drafted), a stop after one did not
     assert rule.run([0.975, 0.275, 0.975]) == (1, 2)
     assert rule.run([0.975, 0.425, 0.975, 0.975]) == (2, 2)
-    assert rule.run([0.975] * 8) == (8, 8)
 
 
 def _drafted(request_id: str, confidences: list[list[float]], accepted: list[int], workload="copy"):

@@ -179,24 +179,3 @@ def test_a_feature_heads_forward_gives_transformers_features_and_scores(monkeypa
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
-
-def test_a_product_of_many_rows_runs_padded_to_its_bucket(monkeypatch):
-    """Over ROW_BUCKET rows a product runs padded to a multiple of it (one oneDNN kernel per
-    bucket, not per prompt length): the linear function, each row the same bits whatever the
-    row count within its bucket, and only the real rows returned."""
-    torch.manual_seed(0)
-    linear = torch.nn.Linear(64, 96, bias=False)
-    product = products.Product(linear)
-    x = torch.randn(2 * products.ROW_BUCKET + 5, 64)
-    padded, pad = [], torch.nn.functional.pad
-    monkeypatch.setattr(products.F, "pad",
-                        lambda t, *a: padded.append(pad(t, *a).shape[0]) or pad(t, *a))
-    with torch.inference_mode():
-        whole = product(x)
-        fewer = product(x[:-3])  # the same bucket
-        product(x[:products.ROW_BUCKET])  # a verify's few rows: as they are
-    assert padded == [3 * products.ROW_BUCKET] * 2
-    assert whole.shape == (len(x), 96) and fewer.shape == (len(x) - 3, 96)
-    torch.testing.assert_close(whole, torch.nn.functional.linear(x, linear.weight),
-                               rtol=1e-4, atol=1e-5)
-    assert torch.equal(fewer, whole[:-3])
