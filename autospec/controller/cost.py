@@ -37,12 +37,12 @@ models/kv.py), the widest W tokens wide, after drafting. Its seconds, drafting a
 replay's recorded costs (bench/recorded.py) and `autospec bench --record`'s calibration
 (bench/record.py) all go through this one model.
 
-On the per-step path, so in Python floats (a dozen numpy calls on small arrays cost more).
+On the per-step path, so in Python floats (a dozen numpy calls on small arrays cost more), and
+re-priced every REFRESH steps, not every step.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from autospec.controller.fit import FEATURES, RunningMedian, normal_equations, solve
 
@@ -59,10 +59,14 @@ UNMEASURED_PRIOR = 0.05
 # noise that replay cannot judge (a trace's costs are exact): chosen, not measured
 SIZE_PRIOR = 4.0
 CLIP = 3.0  # an observation over CLIP x its prediction (a cold start, a hiccup) is clipped
-# steps a solved plane serves while steps of the same kind come (a kind's first step, or a
-# stale spell, solves it at once): solving it is most of the model's time on the per-step path
-# (~25 us of 45 here), and between solves the sizes' residuals, updated every step, keep the
-# measured sizes' prices exact
+# steps a solved plane, and the prices made from it, serve (a kind's first step — the first
+# plain or drafted step, or the first drafted one after a stale spell — and every step of a
+# stale spell solve at once). Solving and pricing are most of the model's time on the per-step
+# path: live, where the forward has left the caches cold, SmolLM2 at batch 1 spent ~60 us a
+# step pricing and ~15 solving, when a solve came at every switch between plain and drafted
+# steps and the prices were remade after every step. Between refreshes a size's residual and
+# the overhead move the prices by a few percent at most; replayed on the shipped traces at 1,
+# 4 and 16 rows, adaptive's tokens per second moved -0.6 % to +1.5 %
 REFRESH = 4.0
 
 
@@ -90,6 +94,23 @@ class Prices:
     single: float = 0.0  # a one-row plain step: what an unmeasured drafter's cost hint scales
     jump: float = 0.0  # what a step pays once for drafting at all (j)
     width: float = 0.0  # per row, per query position the widest row pads it to (w)
+    # one row's step at K = 0..k_max (`decide.best_k`'s verify list): step(k) for each k
+    table: list[float] = field(init=False, repr=False, compare=False)
+    # a row's share of the step when it drafts k = 0..k_max tokens: the plain step's share,
+    # its own tokens, and a share of the jump and of its width's residual as if it drafted
+    # alone and were the widest (one row: the step itself)
+    shares: list[float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        # both read every step: made once, in one pass (a decision's per-step path)
+        rows, fixed, per_token, jump = self.rows, self.fixed, self.per_token, self.jump
+        padding, share, per = self.width * rows, fixed / rows, per_token + self.width
+        table, shares = [fixed], [share]
+        for k, r in enumerate(self.residuals[1:], start=1):
+            table.append(fixed + per_token * k + jump + padding * k + r)
+            shares.append(share + per * k + (jump + r) / rows)
+        object.__setattr__(self, "table", table)
+        object.__setattr__(self, "shares", shares)
 
     @property
     def token(self) -> float:
@@ -111,21 +132,6 @@ class Prices:
         residuals = self.residuals
         return (self.fixed + self.per_token * drafted + self.jump + self.width * self.rows * widest
                 + residuals[widest if widest < len(residuals) else -1])
-
-    @cached_property
-    def table(self) -> list[float]:
-        """One row's step at K = 0..k_max (`decide.best_k`'s verify list)."""
-        return [self.step(k) for k in range(len(self.residuals))]
-
-    @cached_property
-    def shares(self) -> list[float]:
-        """A row's share of the step when it drafts k = 0..k_max tokens: the plain step's
-        share, its own tokens, and a share of the jump and of its width's residual as if it
-        drafted alone and were the widest (one row: the step itself)."""
-        rows, share = self.rows, self.fixed / self.rows
-        per = self.per_token + self.width
-        return [share] + [share + per * k + (self.jump + r) / rows
-                          for k, r in enumerate(self.residuals[1:], start=1)]
 
 
 @dataclass
@@ -153,7 +159,9 @@ class StepCost:
         self.steps = 0.0  # steps (each row of a batch 1 / rows of one)
         self._since_drafted = 0.0  # steps since the last drafted one
         self._sizes: dict[tuple[int, int], _Size] = {}  # (rows, widest drafted)
-        self._drafted_then: bool | None = None  # the last solve's latest step drafted
+        # the kinds (plain, drafted) whose steps the last solve had: a kind's first step
+        # solves at once
+        self._kinds_then: tuple[bool, bool] = (False, False)
         self._overhead = RunningMedian()
         self.draft: dict[str, float] = {}  # drafter -> seconds per drafted token
         self.prefill: dict[str, float] = {}  # drafter -> seconds per context token at start-up
@@ -179,6 +187,7 @@ class StepCost:
                 for (_, wide), size in self._sizes.items():
                     if wide:
                         size.n = size.count = 0.0
+                self._kinds_then = (self._kinds_then[0], False)  # solved at once: below
             self._since_drafted = 0.0
         else:
             self._since_drafted += weight
@@ -204,17 +213,15 @@ class StepCost:
         size.seconds += (seconds - size.seconds) * share
         self.observed = self.observed * keep + weight
         self.steps += weight
-        self._prices = {}
-        if (self.steps - self._solved_at >= REFRESH or drafted != self._drafted_then
+        if (self.steps - self._solved_at >= REFRESH or not self._kinds_then[drafted]
                 or self._since_drafted > self.stale_after > 0):
-            self._plane = None
+            self._plane, self._prices = None, {}
 
     def observe_overhead(self, seconds: float, weight: float = 1.0) -> None:
         """A step's seconds per row outside its forward and its drafts (Engine.advance
         measures them once a step: StepRecord.overhead_seconds / rows), each row's record
         reporting it with 1 / rows of the step's weight; clipped at 0."""
         self._overhead.observe(max(0.0, seconds), weight)
-        self._prices = {}
 
     def observe_draft(self, drafter: str, seconds: float, proposed: int) -> None:
         if proposed > 0:
@@ -238,7 +245,7 @@ class StepCost:
 
     def _changed(self) -> None:
         self._plane, self._prices = None, {}
-        self._drafted_then = None
+        self._kinds_then = (False, False)
 
     # -- reading ---------------------------------------------------------------------------
     @property
@@ -252,7 +259,8 @@ class StepCost:
             return None
         if self._plane is None:
             self._plane = self._last_plane = self._solve()
-            self._solved_at, self._drafted_then = self.steps, self._since_drafted == 0.0
+            self._solved_at = self.steps
+            self._kinds_then = (self._plain[0][0][0] > 0.0, self._drafted[0][0][0] > 0.0)
         return self._plane
 
     def _trust(self) -> float:
@@ -299,10 +307,16 @@ class StepCost:
         plain = own * n / (n + SIZE_PRIOR)
         fixed = max(a + (b + c + overhead) * rows + plain, 1e-6)
         trust, residuals = self._trust(), [0.0]
-        for k in range(1, self.k_max + 1):  # relative to the plain step's
-            own, n = self._beyond(rows, k, plane)
-            n *= trust
-            residuals.append((own - plain) * n / (n + SIZE_PRIOR) if n else 0.0)
+        sizes = self._sizes
+        for k in range(1, self.k_max + 1):  # relative to the plain step's (`_beyond`, inline)
+            size = sizes.get((rows, k))
+            n = 0.0 if size is None else size.count * trust
+            if n > 0.0:
+                x = size.x
+                own = (size.seconds - a - b * x[1] - c * x[2] - jump * x[3] - width * x[4])
+                residuals.append((own - plain) * n / (n + SIZE_PRIOR))
+            else:
+                residuals.append(0.0)
         own, n = self._beyond(1, 0, plane)
         single = max(a + b + c + overhead + own * n / (n + SIZE_PRIOR), 1e-6)
         out = self._prices[rows] = Prices(rows, fixed, c, tuple(residuals), single, jump, width)
