@@ -247,16 +247,18 @@ class AdaptiveController(Controller):
         """The row's drafter (None: plain) by the chance of each token it would draft being
         kept (`_alphas`) at its share of the step, none of `skip`; and those chances, by
         drafter."""
-        names, shares = self.drafters, prices.shares
+        names, shares, peeking, used = self.drafters, prices.shares, self.peeking, state.used
         alphas = [self._alphas(state, request, d, proposals.get(d)) for d in names]
         k_max = self.settings.k_max
         draft_s = [self._draft_seconds(d, prices) for d in names]
-        limits = [0 if d in skip or (d in self.peeking and d not in proposals) else
-                  min(len(row), k_max, self._cap_k(d_s, shares))
+        capped = self.settings.step_cap
+        limits = [0 if d in skip or (d in peeking and d not in proposals) else
+                  min(len(row), k_max, self._cap_k(d_s, shares)) if capped else
+                  min(len(row), k_max)
                   for d, d_s, row in zip(names, draft_s, alphas)]
         # a drafter's first run in a request prefills its cache: spread over SWITCH_HORIZON
         context = len(request.tokens)
-        switch_s = [0.0 if d in state.used else
+        switch_s = [0.0 if d in used else
                     self.cost.prefill_seconds(d, context) / SWITCH_HORIZON for d in names]
         index = choose_drafter(alphas, draft_s, shares, limits, switch_s)
         if index == NO_DRAFTER:

@@ -201,10 +201,14 @@ class StepCost:
                 seconds = min(seconds, CLIP * max(_dot(self._last_plane, x), 1e-6))
         keep = self.forgetting ** weight
         xtx, xty = self._drafted if drafted else self._plain
-        for i in range(FEATURES):
-            row, xi = xtx[i], weight * x[i]
-            for j in range(FEATURES):
-                row[j] = row[j] * keep + xi * x[j]
+        x0, x1, x2, x3, x4 = x  # FEATURES of them, unrolled: this runs every step
+        for i, row in enumerate(xtx):
+            xi = weight * x[i]
+            row[0] = row[0] * keep + xi * x0
+            row[1] = row[1] * keep + xi * x1
+            row[2] = row[2] * keep + xi * x2
+            row[3] = row[3] * keep + xi * x3
+            row[4] = row[4] * keep + xi * x4
             xty[i] = xty[i] * keep + xi * seconds
         size.n = size.n * keep + weight
         size.count += weight

@@ -75,8 +75,9 @@ class Verified:
 
 class Drafter(ABC):
     name: str = "?"
-    # propose() is a look-up (no model forward): a controller may see the proposal before it
-    # decides (Engine.peek), and the step reuses it
+    # propose() is a look-up (no model forward, the tokens alone: its context carries no
+    # features): a controller may see the proposal before it decides (Engine.peek), and the
+    # step reuses it
     peekable: bool = False
     # Guess of (seconds per drafted token) / (seconds per target step), before measurements.
     cost_hint: float = 0.1

@@ -62,11 +62,11 @@ class NgramIndex:
         self._ends: dict[tuple, list[int]] = {}  # n-gram -> ends (exclusive), increasing
 
     def extend(self, new_tokens) -> None:
-        tokens, ends = self.tokens, self._ends
+        tokens, ends, n_min, n_max = self.tokens, self._ends, self.n_min, self.n_max
         for token in new_tokens:
             tokens.append(int(token))
             end = len(tokens)
-            for n in range(self.n_min, min(self.n_max, end) + 1):
+            for n in range(n_min, min(n_max, end) + 1):
                 gram = tuple(tokens[end - n:end])
                 seen = ends.get(gram)
                 if seen is None:
@@ -110,9 +110,17 @@ class NgramIndex:
         for j, token in enumerate(proposal):
             m = n + j
             ends = ends_of.get(tuple(tail[len(tail) - min(n_max, m):]), ())
-            recent = [e for e in ends[-CONFIDENCE_OCCURRENCES - 1:] if e < length]
-            recent = recent[-CONFIDENCE_OCCURRENCES:]
-            same = sum(1 for e in recent if tokens[e] == token)
+            # the latest occurrences before `length` (ends increase; only the last can be
+            # the tail itself, ending at `length`)
+            recent = ends[-CONFIDENCE_OCCURRENCES - 1:]
+            if recent and recent[-1] >= length:
+                recent = recent[:-1]
+            elif len(recent) > CONFIDENCE_OCCURRENCES:
+                recent = recent[1:]
+            same = 0
+            for e in recent:
+                if tokens[e] == token:
+                    same += 1
             out.append((same + 0.5) / (len(recent) + 1) * (1.0 - 0.5 ** m))
             tail.append(token)
         return out

@@ -235,7 +235,8 @@ class Host(ABC):
         """The proposal look-up drafter `name` (`Drafter.peekable`: ngram, suffix; else None)
         would make now, for a controller deciding before the step (`_decode` binds `looked`):
         kept in looked[slot][name], the step's draft at this context (cut to its k)."""
-        draft = self.lookups.peek(request, name, k, self._context(request))
+        # a look-up reads the row's tokens, not its features (`Drafter.peekable`): none made
+        draft = self.lookups.peek(request, name, k, self._context(request, features=False))
         if draft is not None:
             timed = self.lookups.take_seconds()
             looked.setdefault(request.slot, {})[name] = Proposal(
@@ -247,9 +248,10 @@ class Host(ABC):
         """The request's drafter `name`, made on first use (drafters/lookups.py)."""
         return self.lookups.drafter(request, name)
 
-    def _context(self, request: Request) -> DraftContext:
+    def _context(self, request: Request, features: bool = True) -> DraftContext:
         return DraftContext(request.tokens, request.sampling, request.generator,
-                            request.prompt_len, self._hidden(request), request.stop)
+                            request.prompt_len, self._hidden(request) if features else None,
+                            request.stop)
 
     # -- what a host supplies ------------------------------------------------------------------
     @abstractmethod
