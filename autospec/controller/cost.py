@@ -37,8 +37,8 @@ models/kv.py), the widest W tokens wide, after drafting. Its seconds, drafting a
 replay's recorded costs (bench/recorded.py) and `autospec bench --record`'s calibration
 (bench/record.py) all go through this one model.
 
-On the per-step path, so in Python floats (a dozen numpy calls on small arrays cost more), and
-re-priced every REFRESH steps, not every step.
+On the per-step path: Python floats (numpy's calls on small arrays cost more), re-priced
+every REFRESH steps.
 """
 from __future__ import annotations
 
@@ -59,14 +59,9 @@ UNMEASURED_PRIOR = 0.05
 # noise that replay cannot judge (a trace's costs are exact): chosen, not measured
 SIZE_PRIOR = 4.0
 CLIP = 3.0  # an observation over CLIP x its prediction (a cold start, a hiccup) is clipped
-# steps a solved plane, and the prices made from it, serve (a kind's first step — the first
-# plain or drafted step, or the first drafted one after a stale spell — and every step of a
-# stale spell solve at once). Solving and pricing are most of the model's time on the per-step
-# path: live, where the forward has left the caches cold, SmolLM2 at batch 1 spent ~60 us a
-# step pricing and ~15 solving, when a solve came at every switch between plain and drafted
-# steps and the prices were remade after every step. Between refreshes a size's residual and
-# the overhead move the prices by a few percent at most; replayed on the shipped traces at 1,
-# 4 and 16 rows, adaptive's tokens per second moved -0.6 % to +1.5 %
+# steps a solved plane, and the prices made from it, serve (a kind's first step, and each of a
+# stale spell, solve at once): live, re-pricing every step and solving at every switch of kind
+# cost SmolLM2 ~75 us a step at batch 1 (docs/controller.md); replayed, -0.6 % to +1.5 %
 REFRESH = 4.0
 
 
@@ -159,8 +154,7 @@ class StepCost:
         self.steps = 0.0  # steps (each row of a batch 1 / rows of one)
         self._since_drafted = 0.0  # steps since the last drafted one
         self._sizes: dict[tuple[int, int], _Size] = {}  # (rows, widest drafted)
-        # the kinds (plain, drafted) whose steps the last solve had: a kind's first step
-        # solves at once
+        # the kinds (plain, drafted) the last solve had steps of (a kind's first solves at once)
         self._kinds_then: tuple[bool, bool] = (False, False)
         self._overhead = RunningMedian()
         self.draft: dict[str, float] = {}  # drafter -> seconds per drafted token
@@ -204,11 +198,8 @@ class StepCost:
         x0, x1, x2, x3, x4 = x  # FEATURES of them, unrolled: this runs every step
         for i, row in enumerate(xtx):
             xi = weight * x[i]
-            row[0] = row[0] * keep + xi * x0
-            row[1] = row[1] * keep + xi * x1
-            row[2] = row[2] * keep + xi * x2
-            row[3] = row[3] * keep + xi * x3
-            row[4] = row[4] * keep + xi * x4
+            row[:] = (row[0] * keep + xi * x0, row[1] * keep + xi * x1, row[2] * keep + xi * x2,
+                      row[3] * keep + xi * x3, row[4] * keep + xi * x4)
             xty[i] = xty[i] * keep + xi * seconds
         size.n = size.n * keep + weight
         size.count += weight
