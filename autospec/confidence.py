@@ -30,6 +30,7 @@ Plain Python floats: every step calls this for every drafted token (a dozen nump
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 # equal-width bins over [0, 1]: 0.05 wide. Replayed at 10 and 40 (`autospec replay TRACE
@@ -166,16 +167,46 @@ def reliability_gap(rows: list[dict]) -> float | None:
     return sum(r["tokens"] * abs(r["predicted"] - r["observed"]) for r in rows) / total
 
 
+def sampling_gap(rows: list[dict]) -> float | None:
+    """The gap `reliability_gap` shows from sampling alone: were each bin's n tokens kept with
+    exactly the probability p predicted, its observed rate would still stray from p by about
+    sqrt(2 / pi * p (1 - p) / n) (a binomial rate's mean absolute deviation, by its normal
+    approximation), token-weighted as the gap is. A gap near it is calibration as good as the
+    tokens can tell; a gap well over it is miscalibration (None: no bins)."""
+    total = sum(r["tokens"] for r in rows)
+    if not total:
+        return None
+    return sum(r["tokens"] * math.sqrt(2.0 / math.pi * r["predicted"] * (1.0 - r["predicted"])
+                                       / r["tokens"]) for r in rows if r["tokens"] > 0) / total
+
+
+def merged_table(tables: list[list[dict]]) -> list[dict]:
+    """Several reliability tables (a drafter's, one per workload) as one, bin by bin."""
+    merged: dict[tuple, list[float]] = {}
+    for rows in tables:
+        for row in rows:
+            m = merged.setdefault(tuple(row["bin"]), [0.0, 0.0, 0.0])
+            m[0] += row["tokens"]
+            m[1] += row["tokens"] * row["predicted"]
+            m[2] += row["tokens"] * row["observed"]
+    return [{"bin": list(key), "tokens": n, "predicted": round(p / n, 4),
+             "observed": round(o / n, 4)} for key, (n, p, o) in sorted(merged.items()) if n]
+
+
+def gap_line(rows: list[dict]) -> str:
+    """'N tokens, mean |predicted - observed| G (sampling alone ~S)' for one table."""
+    return (f"{sum(r['tokens'] for r in rows):,.0f} tokens, mean |predicted - observed| "
+            f"{reliability_gap(rows) or 0.0:.3f} (sampling alone ~{sampling_gap(rows) or 0.0:.3f})")
+
+
 def reliability_lines(tables: dict[str, dict[str, list[dict]]], indent: str = "  ") -> list[str]:
-    """{workload: {drafter: reliability table}} as text: a line per drafter with its tokens
-    and mean gap, then one per bin (predicted against observed acceptance)."""
+    """{workload: {drafter: reliability table}} as text: a line per drafter with its tokens,
+    mean gap and the gap sampling alone would show, then one per bin (predicted against
+    observed acceptance)."""
     lines = []
     for workload, per_drafter in tables.items():
         for drafter, rows in per_drafter.items():
-            gap = reliability_gap(rows)
-            tokens = sum(r["tokens"] for r in rows)
-            lines.append(f"{indent}{workload} / {drafter}: {tokens:.0f} tokens verified, mean "
-                         f"|predicted - observed| {gap:.3f}")
+            lines.append(f"{indent}{workload} / {drafter}: {gap_line(rows)}")
             for r in rows:
                 low, high = r["bin"]
                 lines.append(f"{indent}  confidence {low:.2f}-{high:.2f}: {r['tokens']:>8.0f} "

@@ -7,9 +7,9 @@ and how many of its tokens the target kept. Each request is walked as a drafter 
 would draft it (from position t, the next draft starts at t + kept + 1), and every draft is
 scored by the controller's own rule (Learning.learn: the workload's calibration predicts each
 token before it takes it in, then the pooled acceptance takes the draft). The reliability
-table (each workload's bins added up, per drafter) and its gap (reliability_gap: the
-token-weighted mean |predicted - observed| over the confidence bins) are what `autospec
-bench` reports for the drafters the controller drafted with, here for every model drafter
+table (each workload's bins added up, per drafter), its gap (reliability_gap: the
+token-weighted mean |predicted - observed| over the confidence bins) and the gap sampling
+alone would show (sampling_gap) are what `autospec bench` reports for the drafters the controller drafted with, here for every model drafter
 over every position of the trace, whether or not a controller would have chosen it."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from autospec.bench.trace import Trace
-from autospec.confidence import reliability_gap
+from autospec.confidence import merged_table, reliability_gap, sampling_gap
 from autospec.controller.learning import Learning
 from autospec.telemetry import POOLED
 
@@ -44,19 +44,11 @@ def calibration_gaps(trace: Trace) -> dict[str, dict]:
                 t += kept + 1
     out = {}
     for drafter in drafters:
-        rows = [row for workload, per in learning.calibration.items()
-                if workload != POOLED and drafter in per for row in per[drafter].reliability()]
-        merged = {}
-        for row in rows:  # the workloads' tables as one, bin by bin
-            key = tuple(row["bin"])
-            m = merged.setdefault(key, [0.0, 0.0, 0.0])
-            m[0] += row["tokens"]
-            m[1] += row["tokens"] * row["predicted"]
-            m[2] += row["tokens"] * row["observed"]
-        table = [{"bin": list(key), "tokens": n, "predicted": round(p / n, 4),
-                  "observed": round(o / n, 4)} for key, (n, p, o) in sorted(merged.items())]
+        table = merged_table([per[drafter].reliability() for workload, per in
+                              learning.calibration.items() if workload != POOLED and drafter in per])
         out[drafter] = {"tokens": sum(r["tokens"] for r in table),
-                        "gap": round(reliability_gap(table) or 0.0, 4), "table": table}
+                        "gap": round(reliability_gap(table) or 0.0, 4),
+                        "sampling": round(sampling_gap(table) or 0.0, 4), "table": table}
     return out
 
 

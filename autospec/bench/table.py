@@ -8,6 +8,7 @@ import statistics
 from autospec.bench.harness import OVERALL
 from autospec.bench.methods import DERIVED
 from autospec.bench.roofline import format_roofline
+from autospec.confidence import gap_line, merged_table
 
 
 def format_table(report: dict) -> str:
@@ -45,6 +46,13 @@ def format_table(report: dict) -> str:
               if stats[OVERALL].get("controller_share", 0) > 0.001]
     if shares:
         lines += ["", "controller decide + update, share of wall time: " + ", ".join(shares)]
+    for name, stats in report["methods"].items():  # each drafter's, its workloads' bins added up
+        learnt = stats.get("reliability") or {}
+        drafters = sorted({d for per in learnt.values() for d in per})
+        if drafters:
+            lines += ["", f"{name} calibration: " + "; ".join(
+                f"{d} {gap_line(merged_table([per[d] for per in learnt.values() if d in per]))}"
+                for d in drafters)]
     theory = report.get("theoretical") or {}
     if theory:
         lines += ["", "theoretical S(K*) from this run's alpha, c, v(K): " + ", ".join(

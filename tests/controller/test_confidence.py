@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from autospec.confidence import BINS, Calibration, StopRule, bin_of, check_confidences, reliability_gap
+from autospec.confidence import (BINS, Calibration, StopRule, bin_of, check_confidences, merged_table,
+                                 reliability_gap, reliability_lines, sampling_gap)
 from autospec.controller.batch import batch_ks, best_batch
 from autospec.controller.cost import Prices
 
@@ -27,6 +28,37 @@ def test_calibration_recovers_a_known_relation_on_a_synthetic_drafter():
         assert calibration.p(centre, 0.5) == pytest.approx(centre ** 2, abs=0.03)
     # the reliability table: the out-of-sample predictions track what was observed
     assert reliability_gap(calibration.reliability()) < 0.02
+
+
+def test_the_sampling_gap_is_the_gap_of_a_calibrated_drafter_and_a_miscalibrated_one_exceeds_it():
+    """Bins of 30 tokens each kept with exactly its predicted probability: over many draws
+    the mean gap is the sampling gap (within 10 %); kept 0.15 more often than predicted,
+    the gap is well over it."""
+    rng = random.Random(0)
+
+    def table(shift: float) -> list[dict]:
+        rows = []
+        for b in range(BINS):
+            p = (b + 0.5) / BINS
+            kept = sum(rng.random() < min(1.0, p + shift) for _ in range(30))
+            rows.append({"bin": [b / BINS, (b + 1) / BINS], "tokens": 30, "predicted": p,
+                         "observed": kept / 30})
+        return rows
+
+    calibrated = [table(0.0) for _ in range(300)]
+    expected = sampling_gap(calibrated[0])
+    mean_gap = sum(reliability_gap(t) for t in calibrated) / len(calibrated)
+    assert mean_gap == pytest.approx(expected, rel=0.1)
+    assert reliability_gap(table(0.15)) > 1.8 * expected
+    # two workloads' tables merged bin by bin: the tokens add, the rates are token-weighted
+    merged = merged_table([calibrated[0][:2], calibrated[1][:1]])
+    assert [r["tokens"] for r in merged] == [60, 30]
+    assert merged[0]["observed"] == pytest.approx(
+        (calibrated[0][0]["observed"] + calibrated[1][0]["observed"]) / 2, abs=1e-4)
+    # as `autospec report` and the bench print it: the gap beside sampling's
+    line = reliability_lines({"chat": {"eagle": calibrated[0]}})[0]
+    assert line.startswith("  chat / eagle: 600 tokens, mean |predicted - observed| ")
+    assert f"(sampling alone ~{expected:.3f})" in line
 
 
 def test_a_bin_without_evidence_is_the_per_position_mean():
