@@ -382,5 +382,9 @@ def test_the_controller_and_the_daemon_learn_by_one_rule():
         learner.observe(r)
     ours, theirs = ctl.learning.estimate("synthetic", "synthetic"), learner.acceptance["synthetic"]["synthetic"]
     assert theirs.mean() == pytest.approx(ours.mean())
+    # the same evidence; priced afresh, each (a model re-prices every REFRESH steps, so the
+    # controller's last prices may predate its last steps)
+    for cost in (learner.cost, ctl.cost):
+        cost._changed()
     assert learner.cost.prices(1).table == pytest.approx(ctl.cost.prices(1).table)
     assert learner.cost.draft == pytest.approx(ctl.cost.draft)
