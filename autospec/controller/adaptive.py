@@ -251,10 +251,8 @@ class AdaptiveController(Controller):
         alphas = [self._alphas(state, request, d, proposals.get(d)) for d in names]
         k_max = self.settings.k_max
         draft_s = [self._draft_seconds(d, prices) for d in names]
-        capped = self.settings.step_cap
         limits = [0 if d in skip or (d in peeking and d not in proposals) else
-                  min(len(row), k_max, self._cap_k(d_s, shares)) if capped else
-                  min(len(row), k_max)
+                  min(len(row), k_max, self._cap_k(d_s, shares))
                   for d, d_s, row in zip(names, draft_s, alphas)]
         # a drafter's first run in a request prefills its cache: spread over SWITCH_HORIZON
         context = len(request.tokens)

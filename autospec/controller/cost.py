@@ -96,16 +96,12 @@ class Prices:
     # alone and were the widest (one row: the step itself)
     shares: list[float] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self):
-        # both read every step: made once, in one pass (a decision's per-step path)
-        rows, fixed, per_token, jump = self.rows, self.fixed, self.per_token, self.jump
-        padding, share, per = self.width * rows, fixed / rows, per_token + self.width
-        table, shares = [fixed], [share]
-        for k, r in enumerate(self.residuals[1:], start=1):
-            table.append(fixed + per_token * k + jump + padding * k + r)
-            shares.append(share + per * k + (jump + r) / rows)
-        object.__setattr__(self, "table", table)
-        object.__setattr__(self, "shares", shares)
+    def __post_init__(self):  # both read every step: made once
+        rows, share, per = self.rows, self.fixed / self.rows, self.per_token + self.width
+        object.__setattr__(self, "table", [self.step(k) for k in range(len(self.residuals))])
+        object.__setattr__(self, "shares", [share] + [
+            share + per * k + (self.jump + r) / rows
+            for k, r in enumerate(self.residuals[1:], start=1)])
 
     @property
     def token(self) -> float:
@@ -302,16 +298,10 @@ class StepCost:
         plain = own * n / (n + SIZE_PRIOR)
         fixed = max(a + (b + c + overhead) * rows + plain, 1e-6)
         trust, residuals = self._trust(), [0.0]
-        sizes = self._sizes
-        for k in range(1, self.k_max + 1):  # relative to the plain step's (`_beyond`, inline)
-            size = sizes.get((rows, k))
-            n = 0.0 if size is None else size.count * trust
-            if n > 0.0:
-                x = size.x
-                own = (size.seconds - a - b * x[1] - c * x[2] - jump * x[3] - width * x[4])
-                residuals.append((own - plain) * n / (n + SIZE_PRIOR))
-            else:
-                residuals.append(0.0)
+        for k in range(1, self.k_max + 1):  # relative to the plain step's
+            own, n = self._beyond(rows, k, plane)
+            n *= trust
+            residuals.append((own - plain) * n / (n + SIZE_PRIOR) if n else 0.0)
         own, n = self._beyond(1, 0, plane)
         single = max(a + b + c + overhead + own * n / (n + SIZE_PRIOR), 1e-6)
         out = self._prices[rows] = Prices(rows, fixed, c, tuple(residuals), single, jump, width)
