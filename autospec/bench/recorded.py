@@ -184,11 +184,19 @@ class HindsightController(RowController):
     that agrees longest there, only tokens the target keeps, and every row's K is chosen for
     the step's goodput over those certain tokens (batch_ks at the trace's prices). No
     controller that learns from evidence can pass it at the same costs: its figure is the
-    ceiling a live one is measured against (`autospec replay --controller hindsight`)."""
+    ceiling a live one is measured against (`autospec replay --controller hindsight`).
+    `drafters`: foresight of those only (`hindsight:ngram`: what knowing n-gram's agreement
+    alone would buy); None: every drafter the trace recorded."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, drafters: tuple[str, ...] | None = None):
         self.trace = trace
         self.requests = {r.id: r for r in trace.requests}
+        recorded = tuple(trace.draft_seconds_per_token)
+        unknown = [d for d in drafters or () if d not in recorded]
+        if unknown or drafters == ():
+            raise ValueError(f"hindsight over drafter '{(unknown or [''])[0]}': the trace "
+                             f"recorded {', '.join(recorded)}")
+        self.drafters = drafters or recorded
 
     def decide_row(self, request) -> Decision:
         return self.decide(Step([request], None))[0]
@@ -199,7 +207,8 @@ class HindsightController(RowController):
         for request in step.rows:
             recorded = self.requests[request.request_id]
             at = len(request.tokens) - request.prompt_len
-            picks.append(max(((d, matches[at]) for d, matches in recorded.match.items()),
+            picks.append(max(((d, matches[at]) for d, matches in recorded.match.items()
+                              if d in self.drafters),
                              key=lambda pick: (pick[1], -costs.get(pick[0], 0.0))))
         ks = batch_ks([[1.0] * agree for _, agree in picks],
                       [costs.get(d, 0.0) for d, _ in picks],

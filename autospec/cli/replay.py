@@ -18,7 +18,8 @@ DEFAULT_CONTROLLERS = ("plain", "adaptive", "ctl:hf-heuristic", "ctl:ema", HINDS
 @click.option("--controller", "controllers", multiple=True,
               help="Repeatable: plain, static:DRAFTER:K, adaptive, ctl:fixed[:DRAFTER:K], "
                    "ctl:hf-heuristic[:DRAFTER], ctl:ema[:DRAFTER], ctl:batch-table[:DRAFTER], "
-                   "hindsight (knows the outputs: the ceiling). Default: plain, adaptive, the "
+                   "hindsight[:DRAFTER[+DRAFTER...]] (knows the outputs: the ceiling; of "
+                   "those drafters only). Default: plain, adaptive, the "
                    "ctl: baselines, hindsight, and static:D:K for every recorded drafter and K in "
                    "1,2,4,8.")
 @click.option("--rows", default=1, show_default=True, type=click.IntRange(min=1),
@@ -63,8 +64,9 @@ def replay(trace_path, controllers, rows, json_path, warm_start, knobs, resample
             controllers = DEFAULT_CONTROLLERS + tuple(
                 f"static:{d}:{k}" for d in drafters for k in (1, 2, 4, 8) if k <= trace.k_max)
         texts = [c.strip() for spec in controllers for c in spec.split(",")]
-        methods = parse_methods(",".join(t for t in texts if t != HINDSIGHT) or "plain")
-        methods += [HINDSIGHT] if HINDSIGHT in texts else []
+        ceilings = [t for t in texts if t.split(":")[0] == HINDSIGHT]
+        methods = parse_methods(",".join(t for t in texts if t not in ceilings) or "plain")
+        methods += ceilings
         results = run_replay(trace, methods, drafters, rows)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
@@ -81,14 +83,16 @@ def check_trace_pair(trace, path, pair: str) -> None:
 
 
 def run_replay(trace, methods, drafters, rows: int = 1) -> dict:
-    """{method: {category: figures}} for each Method (autospec.method) or HINDSIGHT on the
-    trace; over `rows` clients at once, only "overall" (categories share the steps)."""
+    """{method: {category: figures}} for each Method (autospec.method) or HINDSIGHT[:D+D..]
+    on the trace; over `rows` clients at once, only "overall" (categories share the steps)."""
     from autospec.bench.recorded import HindsightController, replay as replay_trace, replay_batch
     from autospec.controller.factory import make_controller
     out = {}
     for method in methods:
-        if method == HINDSIGHT:
-            controller, spec = HindsightController(trace), HINDSIGHT
+        if isinstance(method, str):  # hindsight[:DRAFTER+DRAFTER...]
+            _, _, only = method.partition(":")
+            controller = HindsightController(trace, tuple(only.split("+")) if only else None)
+            spec = method
         else:
             for d in method.needs_drafters:
                 if d not in trace.draft_seconds_per_token:

@@ -354,6 +354,25 @@ def test_replay_under_load_needs_a_batch_line(tmp_path):
     assert result.exit_code == 0 and "| hindsight |" in result.output, result.output
 
 
+def test_hindsight_of_some_drafters_only(tmp_path):
+    """`hindsight:ngram`: foresight of n-gram's agreement alone, on the shipped SmolLM2 trace
+    (four drafters recorded): above every fixed n-gram K, below foresight of n-gram and the
+    feature head (fails if the restriction were ignored, or if it let another drafter draft);
+    a drafter the trace did not record is refused by name."""
+    from clirun import error_line, invoke
+    trace = REPO_ROOT / "configs" / "traces" / "smollm2-chat.json"
+    out = tmp_path / "r.json"
+    result = invoke(["replay", trace, "--controller",
+                     "static:ngram:2,static:ngram:6,hindsight:ngram,hindsight:ngram+eagle",
+                     "--json", out])
+    assert result.exit_code == 0, result.output
+    rate = {name: stats["overall"]["tokens_per_s"] for name, stats in json.loads(out.read_text()).items()}
+    assert max(rate["static:ngram:2"], rate["static:ngram:6"]) < rate["hindsight:ngram"]
+    assert rate["hindsight:ngram"] < rate["hindsight:ngram+eagle"]
+    assert "hindsight over drafter 'suffix'" in error_line(
+        invoke(["replay", trace, "--controller", "hindsight:suffix"]))
+
+
 def test_a_drafter_that_proposes_nothing_costs_nothing_in_replay():
     """A look-up drafter with no match proposes no tokens: the step verifies one token, as
     live (fails if replay charged the K asked for rather than the tokens proposed)."""
