@@ -181,8 +181,10 @@ def trace_prices(trace: Trace, rows: int) -> Prices:
 
 class HindsightController(RowController):
     """Knows every request's future (the trace's outputs): each row drafts, with the drafter
-    that agrees longest there, only tokens the target keeps, and every row's K is chosen for
-    the step's goodput over those certain tokens (batch_ks at the trace's prices). No
+    whose agreement there is worth most (its kept tokens per second, the row alone: the one
+    that agrees longest, unless its drafting costs more than its extra tokens), only tokens
+    the target keeps, and every row's K is chosen for the step's goodput over those certain
+    tokens (batch_ks at the trace's prices). No
     controller that learns from evidence can pass it at the same costs: its figure is the
     ceiling a live one is measured against (`autospec replay --controller hindsight`).
     `drafters`: foresight of those only (`hindsight:ngram`: what knowing n-gram's agreement
@@ -202,14 +204,20 @@ class HindsightController(RowController):
         return self.decide(Step([request], None))[0]
 
     def decide(self, step: Step) -> list[Decision]:
-        costs = self.trace.draft_seconds_per_token
+        costs, verify = self.trace.draft_seconds_per_token, self.trace.verify_seconds
+        last = len(verify) - 1
+
+        def worth(pick):  # a row alone: its certain tokens per second (ties: the cheaper)
+            drafter, agree = pick
+            seconds = costs.get(drafter, 0.0)
+            return (1 + agree) / (seconds * agree + verify[min(agree, last)]), -seconds
+
         picks = []
         for request in step.rows:
             recorded = self.requests[request.request_id]
             at = len(request.tokens) - request.prompt_len
             picks.append(max(((d, matches[at]) for d, matches in recorded.match.items()
-                              if d in self.drafters),
-                             key=lambda pick: (pick[1], -costs.get(pick[0], 0.0))))
+                              if d in self.drafters), key=worth))
         ks = batch_ks([[1.0] * agree for _, agree in picks],
                       [costs.get(d, 0.0) for d, _ in picks],
                       trace_prices(self.trace, len(step.rows)))
