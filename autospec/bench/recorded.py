@@ -184,9 +184,10 @@ class HindsightController(RowController):
     whose agreement there is worth most (its kept tokens per second, the row alone: the one
     that agrees longest, unless its drafting costs more than its extra tokens), only tokens
     the target keeps, and every row's K is chosen for the step's goodput over those certain
-    tokens (batch_ks at the trace's prices). No
-    controller that learns from evidence can pass it at the same costs: its figure is the
-    ceiling a live one is measured against (`autospec replay --controller hindsight`).
+    tokens (batch_ks at the trace's prices). No controller that learns from evidence passes
+    it by much at the same costs (at several rows its one-row pick of a drafter is a proxy):
+    its figure is the ceiling a live one is measured against (`autospec replay --controller
+    hindsight`).
     `drafters`: foresight of those only (`hindsight:ngram`: what knowing n-gram's agreement
     alone would buy); None: every drafter the trace recorded."""
 
@@ -194,10 +195,10 @@ class HindsightController(RowController):
         self.trace = trace
         self.requests = {r.id: r for r in trace.requests}
         recorded = tuple(trace.draft_seconds_per_token)
-        unknown = [d for d in drafters or () if d not in recorded]
-        if unknown or drafters == ():
-            raise ValueError(f"hindsight over drafter '{(unknown or [''])[0]}': the trace "
-                             f"recorded {', '.join(recorded)}")
+        for drafter in drafters or ():
+            if drafter not in recorded:
+                raise ValueError(f"hindsight over drafter '{drafter}': the trace recorded "
+                                 f"{', '.join(recorded)}")
         self.drafters = drafters or recorded
 
     def decide_row(self, request) -> Decision:

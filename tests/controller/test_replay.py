@@ -373,6 +373,23 @@ def test_hindsight_of_some_drafters_only(tmp_path):
         invoke(["replay", trace, "--controller", "hindsight:suffix"]))
 
 
+def test_hindsight_picks_the_drafter_worth_most_not_the_longest():
+    """Where a costly drafter agrees one token longer than a free one, foresight drafts the
+    free one's three tokens (fails if it picked by agreement alone); restricted to the costly
+    one, it never drafts the free one."""
+    from autospec.bench.recorded import HindsightController
+    from rows import row
+    output = [7] * 8
+    request = TraceRequest("r", "synthetic", [1, 2, 3], output,
+                           {"free": [3] * 8, "costly": [4] * 8})
+    verify = [0.010 + 0.0001 * k for k in range(9)]
+    trace = Trace(8, verify, {"free": 0.0, "costly": 0.02}, [request])
+    decision = HindsightController(trace).decide_row(row("r", [1, 2, 3], 3, "synthetic"))
+    assert (decision.drafter, decision.k) == ("free", 3)
+    only = HindsightController(trace, ("costly",)).decide_row(row("r", [1, 2, 3], 3, "synthetic"))
+    assert only.drafter in ("costly", None)
+
+
 def test_a_drafter_that_proposes_nothing_costs_nothing_in_replay():
     """A look-up drafter with no match proposes no tokens: the step verifies one token, as
     live (fails if replay charged the K asked for rather than the tokens proposed)."""
